@@ -1,0 +1,13 @@
+"""Shared test setup: everything offline, CPU-only, and deterministic."""
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is absent")
