@@ -1,10 +1,44 @@
 """
 Rewards: pull the final answer out of a completion and grade it against the reference.
 
-D3S step 2 (../shared/D3S.md): r_i in {0, 1}, 1 when the final answer in the completion equals
-the reference answer. Parse failures score 0 and are counted.
+D3S step 2 (../shared/D3S.md): r_i in {0, 1}, 1 when the final answer in the completion equals the
+reference answer; parse failures score 0 and are counted. Three public functions, in the order the
+training loop meets them:
+
+    extract_answer(text) -> str | None      the final answer written in a completion
+    grade(text, reference) -> float         1.0 right, 0.0 wrong or no answer
+    score(completions, references)          the batch version, with counts of what happened
+
+plus last_boxed(text), which data.py also uses to read MATH's reference answers out of solutions.
+
+Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, and those
+compare as exact fractions in pure Python, in microseconds. Everything else (LaTeX, expressions,
+intervals, tuples, matrices) goes through math-verify, which parses both sides into sympy and
+compares them symbolically. sympy can run for seconds or forever on a hostile input
+(`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs, so that path has two fences:
+cheap checks that send long, deeply nested or huge-number answers to a plain string comparison,
+and, on the main thread, a wall-clock deadline. math-verify's own timeouts use signal.alarm (whole
+seconds, main thread only; in a worker thread they raise), so we switch them off and keep our own.
 """
+import logging
 import re
+import signal
+import threading
+from fractions import Fraction
+
+from math_verify import parse, verify
+
+# -----------------------------------------------------------------------------
+# Limits. The grader must return within a second on any completion.
+
+REL_TOL = 1e-6            # numbers equal when |a - b| <= REL_TOL * max(|a|, |b|) [ours]
+MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53 [ours]
+MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only [ours]
+DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison [ours]
+
+# We enforce our own time limits (see _with_deadline); math-verify's warnings that its own are
+# off, and its per-timeout warnings, would only repeat that on every call.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 # -----------------------------------------------------------------------------
 # Finding the answer in a completion
@@ -46,3 +80,252 @@ def last_boxed(text):
         return None  # unbalanced: cut off before the box closed
     m = _BARE.match(text, j)
     return m.group(0) if m else None
+
+
+# A number as people write one in running text: -12, 1,234.5, .5, 3/4. A minus sign counts only
+# where it cannot be subtraction (not right after a digit, letter or closing bracket).
+_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?")
+_HASHES = "####"
+_ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def _first_number(text, start, stop=None):
+    m = _NUMBER.search(text, start, len(text) if stop is None else stop)
+    return m.group(0) if m else None
+
+
+def extract_answer(text):
+    """The final answer written in a completion, as a string, or None when there is none.
+
+    In this order (the first that applies wins):
+    1. the content of the last \\boxed{...} / \\fbox{...} (the instruction asks for one);
+    2. the number after the last `####` (GSM8K's own format);
+    3. what follows the last "the answer is": a $...$ / \\(...\\) span right after it, else the
+       first number on the rest of that line;
+    4. the last number anywhere in the text.
+    [ours] A last \\boxed that never closes (cut off at max_new_tokens) gives None, not rule 2-4:
+    the model had not finished writing its answer, and the last number before the cut is a guess.
+    An empty \\boxed{} is no answer either.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}; decode the completion first")
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip() or None
+    if _BOX.search(text):
+        return None  # the last box never closed
+    i = text.rfind(_HASHES)
+    if i >= 0:
+        num = _first_number(text, i + len(_HASHES))
+        if num is not None:
+            return num
+    matches = list(_ANSWER_IS.finditer(text))
+    if matches:
+        j = matches[-1].end()
+        while j < len(text) and text[j] in " \t:*":
+            j += 1
+        m = _MATH_SPAN.match(text, j)
+        if m:
+            span = next(g for g in m.groups() if g is not None).strip()
+            if span:
+                return span
+        eol = text.find("\n", j)
+        num = _first_number(text, j, eol if eol >= 0 else None)
+        if num is not None:
+            return num
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return last.group(0) if last else None
+
+# -----------------------------------------------------------------------------
+# Comparing an answer with the reference
+
+# Wrappers that never change a value: math mode, spacing commands, \left/\right, \displaystyle.
+_NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
+# Unit-like decorations of a number: degrees, percent, a \text{...} or \mbox{...} of words.
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
+_UNIT_TEXT = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?")
+_PLAIN = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"
+# A plain number, optionally followed by unit words ("18 dollars", "15 cm^2"), optionally after
+# "x ="; or a fraction of two integers written as a/b or \frac{a}{b} / \frac ab.
+_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:\s+[A-Za-z]+)*(?:\^\d)?\.?")
+_AS_SLASH = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*({_PLAIN})\s*/\s*({_PLAIN})\.?")
+_AS_FRAC = re.compile(r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\.?")
+
+
+def _as_number(s):
+    """The exact value of s as a Fraction when s is a plain number (units, $, %, commas and
+    degrees allowed), else None. This is the fast path: no sympy, a few microseconds."""
+    if len(s) > 60:
+        return None  # no plain number is this long; also keeps int() below its digit limit
+    s = _NOISE.sub("", s.replace("\\$", "")).replace("{,}", ",").replace("\\%", "").replace("%", "")
+    s = _DEGREES.sub("", _UNIT_TEXT.sub("", s)).strip()
+    s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
+    m = _AS_NUMBER.fullmatch(s)
+    if m:
+        return Fraction(m.group(1).replace(",", ""))
+    m = _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s)
+    if m:
+        g = [x for x in m.groups()[1:] if x is not None]
+        num, den = Fraction(g[0].replace(",", "")), Fraction(g[1].replace(",", ""))
+        if den == 0:
+            return None
+        return -num / den if m.group(1) == "-" else num / den
+    return None
+
+
+def _numbers_equal(a, b):
+    return a == b or abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+
+
+def _canonical(s):
+    """A spelling-insensitive form of a LaTeX answer, for a cheap exact-string check."""
+    s = _NOISE.sub("", s.replace("\\$", ""))
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = _DEGREES.sub("", s)
+    s = re.sub(r"\\(?:text|mbox|textbf|mathrm)\s*\{([^{}]*)\}", r"\1", s)
+    return re.sub(r"\s+", "", s).rstrip(".")
+
+
+_HUGE = re.compile(
+    r"\^\s*\{?\s*[+-]?\d{4,}"          # an exponent of 1000 or more
+    r"|\^\s*\{[^{}]*\^"               # a tower a^{b^c}
+    r"|\d{4,}\s*!|\\binom\s*\{?\s*\d{4,}"  # a factorial or binomial of 1000 or more
+    r"|\*\*"                           # python-style power: the same risks, unparsed by LaTeX rules
+)
+
+
+def _too_risky(s):
+    """True when sympy might spend far too long on s, so we compare it as a string only.
+    These are cheap fences for where no deadline can be set (a worker thread); they do not bound
+    every slow sympy simplification (a (x+y+z)^{20} can take seconds there)."""
+    if len(s) > MAX_SYMBOLIC_CHARS or _HUGE.search(s):
+        return True
+    depth = deepest = 0
+    for c in s:
+        if c in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "})]":
+            depth -= 1
+    return deepest > MAX_NESTING
+
+
+class _OutOfTime(BaseException):
+    """Raised by our SIGALRM handler. A BaseException, so that math-verify's and sympy's
+    `except Exception` blocks cannot swallow it."""
+
+
+def _with_deadline(fn, seconds):
+    """fn(), interrupted after `seconds` of wall-clock time with _OutOfTime.
+
+    Only the main thread can receive signals; in any other thread fn runs unfenced and the
+    _too_risky checks are the only protection."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return fn()
+
+    def on_alarm(signum, frame):
+        raise _OutOfTime()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return fn()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:  # a separate finally: restore the handler even if the alarm fires in the one above
+        signal.signal(signal.SIGALRM, old)
+
+
+_warmed_up = False
+
+
+def _symbolic_equal(answer, reference):
+    """math-verify's verdict on two LaTeX answers, within DEADLINE_S on the main thread."""
+    global _warmed_up
+    if not _warmed_up:
+        # The first parse in a process loads the LaTeX grammar (~0.1 s); do it once outside the
+        # deadline so that it is not charged to whichever answer happens to come first.
+        verify(parse("$1$", parsing_timeout=None), parse("$1$", parsing_timeout=None), timeout_seconds=None)
+        _warmed_up = True
+
+    def run():
+        # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the
+        # gold side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
+        gold = parse("\\boxed{" + reference + "}", parsing_timeout=None)
+        pred = parse("\\boxed{" + answer + "}", parsing_timeout=None)
+        return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
+
+    return _with_deadline(run, DEADLINE_S)
+
+
+def _judge(text, reference):
+    """(reward, outcome) for one completion; outcome is one of
+    "correct", "wrong", "no_answer", "timeout" (math-verify ran out of time: graded wrong)."""
+    answer = extract_answer(text)
+    if answer is None:
+        return 0.0, "no_answer"
+    a, b = _as_number(answer), _as_number(reference)
+    if a is not None and b is not None:
+        ok = _numbers_equal(a, b)
+    elif _canonical(answer) == _canonical(reference):
+        ok = True
+    elif _too_risky(answer) or _too_risky(reference):
+        ok = False  # only the string comparison above, which failed
+    else:
+        try:
+            ok = _symbolic_equal(answer, reference)
+        except _OutOfTime:
+            return 0.0, "timeout"
+        except Exception:
+            # math-verify catches its own errors; this is for whatever it lets through (a
+            # RecursionError in sympy, say). An answer we cannot compare is not a right answer.
+            return 0.0, "error"
+    return (1.0, "correct") if ok else (0.0, "wrong")
+
+
+def _check_reference(reference):
+    if isinstance(reference, bool) or not isinstance(reference, (str, int, float)):
+        raise ValueError(f"reference must be a str (or a number), got {type(reference).__name__}: {reference!r:.80}")
+    reference = str(reference).strip()
+    if not reference:
+        raise ValueError("reference is empty; every problem needs a reference answer (check the data set's answer field)")
+    return reference
+
+
+# -----------------------------------------------------------------------------
+# The grader
+
+def grade(text, reference):
+    """1.0 when the final answer in the completion `text` equals `reference`, else 0.0.
+
+    Numbers compare as numbers (1,000 = 1000.0 = $1000 = 1000 dollars; 3/4 = 0.75; 25% = 25),
+    everything else through math-verify (\\frac12 = 0.5, (x+1)^2 = x^2+2x+1, intervals, tuples,
+    \\text{}). Never raises and returns within a second for any completion text; a reference
+    that is not a non-empty str or number is a bug in the caller and raises ValueError.
+    """
+    return _judge(text, _check_reference(reference))[0]
+
+
+def score(completions, references):
+    """Grade a batch: rewards[i] = grade(completions[i], references[i]).
+
+    Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer (no extractable
+    answer: D3S.md's parse failures), timeout (math-verify ran out of time), error (math-verify
+    failed), accuracy (correct / n).
+    """
+    if len(completions) != len(references):
+        raise ValueError(f"completions and references must have the same length, got "
+                         f"{len(completions)} and {len(references)}; repeat each reference group_size times")
+    stats = {"n": len(completions), "correct": 0, "no_answer": 0, "timeout": 0, "error": 0}
+    rewards = []
+    for text, reference in zip(completions, references):
+        reward, outcome = _judge(text, _check_reference(reference))
+        rewards.append(reward)
+        if outcome != "wrong":
+            stats[outcome] += 1
+    stats["accuracy"] = stats["correct"] / max(stats["n"], 1)
+    return rewards, stats
