@@ -88,6 +88,9 @@ _NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)
 _HASHES = "####"
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# "$18." or "$18 each" is money, not the start of a $...$ span: a number after the `$` that is
+# followed by neither the closing `$` nor anything mathematical.
+_CURRENCY = re.compile(r"\$(?>\d[\d,]*(?:\.\d+)?)(?![\d$\\^_{}/*+=A-Za-z])")
 
 
 def _first_number(text, start, stop=None):
@@ -125,7 +128,7 @@ def extract_answer(text):
         j = matches[-1].end()
         while j < len(text) and text[j] in " \t:*":
             j += 1
-        m = _MATH_SPAN.match(text, j)
+        m = None if _CURRENCY.match(text, j) else _MATH_SPAN.match(text, j)
         if m:
             span = next(g for g in m.groups() if g is not None).strip()
             if span:
@@ -148,9 +151,9 @@ _NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _UNIT_TEXT = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?")
 _PLAIN = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"
-# A plain number, optionally followed by unit words ("18 dollars", "15 cm^2"), optionally after
+# A plain number, optionally followed by unit words ("18 dollars", "15 cm^2"; not "5 x"), optionally after
 # "x ="; or a fraction of two integers written as a/b or \frac{a}{b} / \frac ab.
-_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:\s+[A-Za-z]+)*(?:\^\d)?\.?")
+_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:\s+[A-Za-z]{{2,}})*(?:\^\d)?\.?")
 _AS_SLASH = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*({_PLAIN})\s*/\s*({_PLAIN})\.?")
 _AS_FRAC = re.compile(r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\.?")
 
@@ -222,8 +225,11 @@ def _with_deadline(fn, seconds):
     """fn(), interrupted after `seconds` of wall-clock time with _OutOfTime.
 
     Only the main thread can receive signals; in any other thread fn runs unfenced and the
-    _too_risky checks are the only protection."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    _too_risky checks are the only protection. The same when someone else's SIGALRM timer is
+    already running (pytest-timeout, the caller's own): we leave theirs alone rather than clobber it.
+    """
+    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0 or signal.getsignal(signal.SIGALRM) is None):
         return fn()
 
     def on_alarm(signum, frame):
@@ -263,8 +269,8 @@ def _symbolic_equal(answer, reference):
 
 
 def _judge(text, reference):
-    """(reward, outcome) for one completion; outcome is one of
-    "correct", "wrong", "no_answer", "timeout" (math-verify ran out of time: graded wrong)."""
+    """(reward, outcome) for one completion; outcome is one of "correct", "wrong", "no_answer",
+    "timeout" (math-verify ran out of time) or "error" (math-verify failed); the last two score 0."""
     answer = extract_answer(text)
     if answer is None:
         return 0.0, "no_answer"
@@ -304,8 +310,9 @@ def grade(text, reference):
 
     Numbers compare as numbers (1,000 = 1000.0 = $1000 = 1000 dollars; 3/4 = 0.75; 25% = 25),
     everything else through math-verify (\\frac12 = 0.5, (x+1)^2 = x^2+2x+1, intervals, tuples,
-    \\text{}). Never raises and returns within a second for any completion text; a reference
-    that is not a non-empty str or number is a bug in the caller and raises ValueError.
+    \\text{}). Never raises and returns within a second for any completion text. A text that is
+    not a str, or a reference that is not a non-empty str or number, is a bug in the caller and
+    raises ValueError.
     """
     return _judge(text, _check_reference(reference))[0]
 

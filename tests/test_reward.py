@@ -1,0 +1,345 @@
+"""Tests for reward.py: answer extraction, grading (hand-written table, real GSM8K / MATH-500
+references, adversarial completions) and the batch scorer."""
+import json
+import signal
+import threading
+import time
+
+import pytest
+
+from conftest import SHARED, requires_shared
+from reward import extract_answer, grade, last_boxed, score
+
+# -----------------------------------------------------------------------------
+# last_boxed: the helper data.py uses on MATH solutions
+
+@pytest.mark.parametrize("text, expected", [
+    (r"so $\boxed{5}$.", "5"),
+    (r"$\boxed{\frac{1}{2}}$", r"\frac{1}{2}"),                 # nested braces
+    (r"\boxed{1} first, then \boxed{2}", "2"),                  # the last one
+    (r"\fbox{3}", "3"),
+    (r"\boxed 5$", "5"),                                        # brace-less form in MATH
+    (r"\boxed {7}", "7"),                                       # space before the brace
+    (r"\boxed{\{1,2\}}", r"\{1,2\}"),                           # escaped braces do not count
+    (r"\boxed{\left[ 0, \frac{\pi}{2} \right)}", r"\left[ 0, \frac{\pi}{2} \right)"),
+    (r"\boxed{}", ""),
+    (r"\boxed{12", None),                                       # never closes: cut off
+    (r"\boxed{1} and \boxedsymbol", "1"),                       # another command, not a box
+    ("no box at all 42", None),
+    ("", None),
+])
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+
+
+# -----------------------------------------------------------------------------
+# extract_answer: which answer wins when a completion writes several
+
+@pytest.mark.parametrize("text, expected", [
+    (r"#### 7 but finally \boxed{9}, and 11", "9"),             # 1. boxed beats everything
+    ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # 2. #### beats the rest
+    ("#### 4 #### 8 then 9", "8"),                              #    the last ####
+    ("The answer is 12. Check: 12 + 1 = 13", "12"),             # 3. "the answer is" beats last number
+    ("so the answer is 3, and the final answer is: 4 (since 4 > 3)", "4"),  # the last one
+    (r"The answer is $\frac{1}{2}$. Then 9", r"\frac{1}{2}"),   #    a math span right after it
+    (r"The answer is \(\sqrt{2}\) and 5", r"\sqrt{2}"),
+    ("The answer is $18. She paid $5 more.", "18"),            #    a $ before a number is money
+    ("The answer is $18 each, so $36", "18"),
+    ("The answer is $18$.", "18"),
+    ("The answer is $18.5$.", "18.5"),
+    (r"The answer is $2\sqrt{3}$.", r"2\sqrt{3}"),
+    ("The answer is five.\nWe used 3 eggs.", "3"),              #    nothing on its line: last number
+    ("so x = 5 and y = -3", "-3"),                              # 4. the last number, with its sign
+    ("10-5 = 5", "5"),
+    ("x-2", "2"),                                               #    a minus after a letter subtracts
+    ("total 1,234.5 dollars.", "1,234.5"),
+    ("it is 3/4.", "3/4"),
+    (".5 or 0.25", "0.25"),
+    (r"I will put it in \boxed{12", None),                      # [ours] a cut-off box is no answer
+    (r"\boxed{ }", None),                                       # an empty box is no answer
+    ("no numbers here", None),
+    ("", None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+# -----------------------------------------------------------------------------
+# grade: at least 50 hand-written cases, right and wrong, over every form the issue names
+
+RIGHT = [
+    # where the answer sits
+    (r"\boxed{18}", "18"),
+    ("#### 18", "18"),
+    ("The answer is 18.", "18"),
+    ("so she makes 9 * 2 = 18 dollars", "18"),
+    (r"\fbox{7}", "7"),
+    (r"\boxed 7", "7"),
+    (r"first \boxed{3}, on reflection \boxed{5}", "5"),
+    # numbers as numbers: commas, $, units, trailing .0, percent, fractions, degrees
+    (r"\boxed{1,000}", "1000"),
+    (r"\boxed{1,\!000}", "1000"),
+    (r"\boxed{1{,}000}", "1,000"),
+    (r"\boxed{\$18}", "18"),
+    ("#### $18", "18"),
+    (r"\boxed{\$32,348}", r"\$32,\!348"),
+    (r"\boxed{18 dollars}", "18"),
+    (r"\boxed{18\text{ dollars}}", "18"),
+    (r"\boxed{15}", r"15\mbox{ cm}^2"),
+    (r"\boxed{18.0}", "18"),
+    (r"\boxed{18.00}", "18.0"),
+    (r"\boxed{5.}", "5"),
+    (r"\boxed{25\%}", "25"),
+    ("#### 25%", "25"),
+    (r"\boxed{30^\circ}", "30"),
+    (r"\boxed{3/4}", "0.75"),
+    (r"\boxed{-3/4}", "-0.75"),
+    (r"\boxed{0.75}", r"\frac{3}{4}"),
+    (r"\boxed{0.3333333}", r"\frac13"),              # within the relative tolerance
+    (r"\boxed{x = -5}", "-5"),
+    ("27.0", 27.0),                                   # AMC23 stores answers as floats
+    # LaTeX and symbolic answers, through math-verify
+    (r"\boxed{\frac12}", "0.5"),
+    (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}"),
+    (r"\boxed{\tfrac{1}{2}}", "1/2"),
+    (r"\boxed{\frac{-3}{8}}", r"-\frac{3}{8}"),
+    (r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt{2}}{2}"),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
+    (r"\boxed{\pi/2}", r"\frac{\pi}{2}"),
+    (r"\boxed{10^{3}}", "1000"),
+    (r"\boxed{137.5}", r"137 \frac{1}{2}"),
+    (r"\boxed{\frac{270}{7}}", r"\frac{270}7\text{ degrees}"),
+    (r"\boxed{x^2+2x+1}", "(x+1)^2"),
+    (r"\boxed{\frac{1}{2}x}", "x/2"),
+    (r"\boxed{2+3i}", "3i+2"),
+    (r"\boxed{y = 2x + 3}", "y=2x+3"),
+    (r"\boxed{x=5}", "5"),
+    (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"(3, \pi/2)"),      # tuples
+    (r"\boxed{[1,2)}", "[1, 2)"),                                       # intervals
+    (r"\boxed{(-\infty, 0]}", r"(-\infty,0]"),
+    (r"\boxed{x \in [-2,7]}", "[-2,7]"),
+    (r"\boxed{3, 5, 7}", "7, 5, 3"),                                    # sets of solutions
+    (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+    (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}"),                       # \text{}
+    (r"\boxed{Evelyn}", r"\text{Evelyn}"),
+    (r"\boxed{\text{(C)}}", "C"),
+    (r"The answer is $\frac{1}{2}$.", "0.5"),
+]
+
+WRONG = [
+    (r"\boxed{17}", "18"),
+    (r"\boxed{-18}", "18"),
+    (r"\boxed{1800}", "18"),
+    (r"\boxed{18.5}", "18"),
+    (r"\boxed{1,000}", "1"),
+    (r"\boxed{1,2}", "12"),                          # a pair, not twelve
+    (r"\boxed{0.3333}", "1/3"),                      # outside the relative tolerance
+    (r"\boxed{1/2}", "0.51"),
+    (r"\boxed{5x}", "5"),
+    (r"\boxed{5 x}", "5"),                          # one letter is a variable, not a unit
+    (r"\boxed{2\pi}", "2"),
+    (r"\boxed{\sqrt{3}}", r"\sqrt{2}"),
+    (r"\boxed{x^2+1}", "(x+1)^2"),
+    (r"\boxed{y = 2x + 4}", "y=2x+3"),
+    (r"\boxed{(1,2)}", "(2,1)"),                     # tuples are ordered
+    (r"\boxed{[1,2]}", "[1,2)"),                     # closed vs half-open
+    (r"\boxed{(-\infty, 0)}", r"(-\infty,0]"),
+    (r"\boxed{(3, \frac{\pi}{3})}", r"\left( 3, \frac{\pi}{2} \right)"),
+    (r"\boxed{3, 5}", "3, 5, 7"),
+    (r"\boxed{1 + \sqrt{19}}", r"1 \pm \sqrt{19}"),
+    (r"\boxed{\begin{pmatrix} 1 \\ 3 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+    (r"\boxed{\text{Navin}}", r"\text{Evelyn}"),
+    (r"\boxed{\text{(B)}}", r"\text{(C)}"),
+    # precedence: the right number is present, but not where the final answer is
+    (r"\boxed{17} #### 18", "18"),
+    ("#### 17\nbut really 18", "18"),
+    ("The answer is 17. Check: 18", "18"),
+    (r"\boxed{3} then \boxed{5}", "3"),
+    # no answer at all
+    (r"so it is \boxed{18", "18"),                   # cut off inside the box
+    (r"\boxed{}", "18"),
+    ("no numbers here", "18"),
+    ("", "18"),
+]
+
+
+@pytest.mark.parametrize("text, reference", RIGHT)
+def test_grade_right(text, reference):
+    assert grade(text, reference) == 1.0
+
+
+@pytest.mark.parametrize("text, reference", WRONG)
+def test_grade_wrong(text, reference):
+    assert grade(text, reference) == 0.0
+
+
+def test_case_table_is_large_enough():
+    assert len(RIGHT) + len(WRONG) >= 50
+
+
+def test_bad_reference_raises_one_line_value_error():
+    for bad in [None, "", "   ", ["18"], True]:
+        with pytest.raises(ValueError, match="reference") as e:
+            grade(r"\boxed{18}", bad)
+        assert "\n" not in str(e.value)
+
+
+# -----------------------------------------------------------------------------
+# score: the batch version
+
+def test_score_counts():
+    completions = [r"\boxed{18}", "#### 17", "no idea", r"\boxed{\frac12}", r"\boxed{12", ""]
+    references = ["18", "18", "18", "0.5", "12", "3"]
+    rewards, stats = score(completions, references)
+    assert rewards == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert stats["n"] == 6
+    assert stats["correct"] == 2
+    assert stats["no_answer"] == 3                   # "no idea", the cut-off box, ""
+    assert stats["accuracy"] == pytest.approx(2 / 6)
+    assert score([], []) == ([], {"n": 0, "correct": 0, "no_answer": 0, "timeout": 0, "error": 0,
+                                  "accuracy": 0.0})
+
+
+def test_score_length_mismatch():
+    with pytest.raises(ValueError, match="same length"):
+        score(["1", "2"], ["1"])
+
+
+def test_numbers_are_fast():
+    # The training loop grades ~128 completions a step; the common case must cost microseconds.
+    text = "Janet sells 16 - 3 - 4 = 9 eggs and makes 9 * 2 = $18. The answer is \\boxed{18}." * 3
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        grade(text, "18")
+    assert (time.perf_counter() - t0) / n < 1e-3
+
+
+# -----------------------------------------------------------------------------
+# Never raises, never hangs
+
+ADVERSARIAL = {
+    "200 kB of text": "lorem ipsum dolor sit amet " * 7500,
+    "200 kB of digits": "9" * 200_000,
+    "200 kB of numbers": "1 " * 100_000,
+    "10,000 nested braces in a box": "\\boxed{" + "{" * 10_000 + "}" * 10_000 + "}",
+    "10,000 nested braces": "{" * 10_000 + "}" * 10_000,
+    "10,000 open braces in a box": "\\boxed{" + "{" * 10_000,
+    "10,000 nested fractions": "\\boxed{" + "\\frac{" * 10_000 + "1" + "}{2}" * 10_000 + "}",
+    "only unicode": "αβγ∑∫ 日本語 🙂 ‮ " * 1000,
+    "empty": "",
+    "power tower": r"\boxed{2^{2^{40}}}",
+    "huge factorial": r"\boxed{1000000!}",
+    "many dollars": "$" * 100_000,
+    "many answer-is": "the answer is " * 20_000,
+    "many ####": "####" * 50_000,
+    "many boxes": r"\boxed{}" * 30_000,
+    "slow simplification": r"\boxed{(x+y+z)^{40}}",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_adversarial_returns_zero_within_a_second(name):
+    t0 = time.perf_counter()
+    reward = grade(ADVERSARIAL[name], "3")
+    assert reward == 0.0
+    assert time.perf_counter() - t0 < 1.0
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # our deadline handler is gone
+
+
+def test_deadline_counts_timeouts():
+    # Unfenced, sympy needs seconds to tell these apart; the main-thread deadline stops it.
+    t0 = time.perf_counter()
+    rewards, stats = score([r"\boxed{(x+y+z)^{40}}"], ["(x+y+z+1)^{40}"])
+    assert time.perf_counter() - t0 < 1.0
+    assert rewards == [0.0] and stats["timeout"] == 1
+
+
+def test_deadline_leaves_a_running_timer_alone():
+    # Someone else's SIGALRM timer (pytest-timeout, the caller's) is neither clobbered nor cancelled.
+    fired = []
+    theirs = lambda signum, frame: fired.append(signum)  # noqa: E731
+    old = signal.signal(signal.SIGALRM, theirs)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        assert grade(r"\boxed{x^2+2x+1}", "(x+1)^2") == 1.0
+        remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 25.0 < remaining <= 30.0
+        assert signal.getsignal(signal.SIGALRM) is theirs and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_grade_off_the_main_thread():
+    # math-verify's own timeouts use signal.alarm and raise in a worker thread; ours must not.
+    cases = [(r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0), (r"\boxed{\frac12}", "0.5", 1.0),
+             (r"\boxed{[1,2)}", "[1,2]", 0.0), (r"\boxed{18}", "18", 1.0),
+             (ADVERSARIAL["power tower"], "3", 0.0), (ADVERSARIAL["huge factorial"], "3", 0.0),
+             (ADVERSARIAL["10,000 nested fractions"], "3", 0.0), (ADVERSARIAL["200 kB of text"], "3", 0.0)]
+    results, errors = [], []
+
+    def worker():
+        try:
+            for text, reference, _ in cases:
+                t0 = time.perf_counter()
+                results.append((grade(text, reference), time.perf_counter() - t0))
+        except BaseException as e:  # surface anything to the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not errors
+    assert [r for r, _ in results] == [want for _, _, want in cases]
+    assert all(seconds < 1.0 for _, seconds in results)
+
+
+# -----------------------------------------------------------------------------
+# The real references: GSM8K test and MATH-500
+
+def _jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _report(title, failures, n):
+    print(f"\n{title}: {n - len(failures)}/{n} pass ({(n - len(failures)) / n:.2%})")
+    for row in failures:
+        print("  ", row)
+
+
+@requires_shared
+def test_gsm8k_references():
+    rows = _jsonl(SHARED / "data/gsm8k/test.jsonl")
+    refs = [row["answer"].split("####")[-1].strip() for row in rows]
+    assert len(refs) == 1319
+    # every reference, as GSM8K writes it and boxed, grades 1.0 against itself
+    failures = [r for r in refs if grade(f"#### {r}", r) != 1.0 or grade(f"\\boxed{{{r}}}", r) != 1.0]
+    _report("GSM8K reference vs itself", failures, len(refs))
+    assert not failures
+    # and 0.0 against the next row's, where the two differ (15 neighbours share an answer)
+    pairs = [(a, b) for a, b in zip(refs, refs[1:] + refs[:1]) if a != b]
+    failures = [(a, b) for a, b in pairs if grade(f"\\boxed{{{a}}}", b) != 0.0]
+    _report("GSM8K reference vs next row's", failures, len(pairs))
+    assert len(failures) <= 0.01 * len(pairs)
+
+
+@requires_shared
+def test_math500_references():
+    rows = _jsonl(SHARED / "data/math500/test.jsonl")
+    assert len(rows) == 500
+    answers = [row["answer"] for row in rows]
+    failures = [a for a in answers if grade(f"\\boxed{{{a}}}", a) != 1.0]
+    _report("MATH-500 answer vs itself", failures, len(answers))
+    assert not failures
+    # the boxed answer of each worked solution against the answer field
+    failures = [(last_boxed(row["solution"]), row["answer"]) for row in rows
+                if grade(row["solution"], row["answer"]) != 1.0]
+    _report("MATH-500 solution vs answer", failures, len(rows))
+    assert len(failures) <= 0.01 * len(rows)
+    # a reference against the next row's, where the two differ as strings
+    pairs = [(a, b) for a, b in zip(answers, answers[1:] + answers[:1]) if a != b]
+    failures = [(a, b) for a, b in pairs if grade(f"\\boxed{{{a}}}", b) != 0.0]
+    _report("MATH-500 answer vs next row's", failures, len(pairs))
+    assert len(failures) <= 0.01 * len(pairs)
