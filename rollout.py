@@ -1,0 +1,258 @@
+"""
+Rollouts for GRPO/D3S: sample groups of completions, mark which tokens are real, and score tokens.
+
+Steps 1 and 5 of ../shared/D3S.md:
+
+  generate_groups  step 1. G completions per prompt with HF `generate` (temperature T, stop on any
+                   EOS id), laid out group by group: rows 0..G-1 are prompt 0, rows G..2G-1 prompt 1...
+                   Keeps the left-padded prompt, the completion ids, a completion mask covering every
+                   generated token up to and including the first stop token and nothing after, a
+                   truncated flag (no stop token within max_new_tokens), and the decoded texts.
+                   temperature == 0 is greedy decoding (used by evaluation with group_size=1).
+  completion_mask  the mask of step 1 as a pure function of ids and stop ids. Padding is found by
+                   position (after the first stop token), never by comparing with the pad id: Qwen2.5
+                   pads with <|endoftext|>, which is also the base models' EOS.
+  stop_token_ids   every id that ends a completion: the model's generation_config.eos_token_id (int or
+                   list) and the tokenizer's eos_token_id. [ours] plus <|im_end|> whenever the tokenizer
+                   has a chat template and knows that token: our prompts are ChatML (data.format_prompt),
+                   so even a base Qwen model, whose generation_config names only <|endoftext|>, ends its
+                   turn with <|im_end|>.
+  token_logprobs   step 5. log pi(y_t | x, y_<t) of each completion token (with gradient when enabled)
+                   and the entropy H_t = -sum_v p_v log p_v of p = softmax(logits / T) over the full
+                   vocabulary (never with gradient). The decoder body runs once; the lm_head and the
+                   float32 softmax run on chunks of positions, each inside activation checkpointing,
+                   so neither the forward nor autograd ever holds the (B, T, V) float32 logits
+                   (V = 151,936 for Qwen2.5).
+
+[ours] Sampling uses exactly softmax(logits / T), optionally top_p: we override the knobs that a
+checkpoint's generation_config.json may set (Qwen2.5 instruct ships top_k=20 and
+repetition_penalty=1.05, and transformers' own default is top_k=50), because the policy gradient
+scores samples with token_logprobs, which knows only T. A different sampler would make the rollouts
+off-policy without saying so.
+"""
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# [ours] Default positions per lm_head chunk. Each chunk briefly holds a few (B, chunk, V) float32
+# tensors (logits, log-softmax, probabilities; their gradient in backward), 4 bytes per entry: for
+# Qwen's V = 151,936, B = 16 rows and chunk = 256 that is 16 * 256 * 151,936 * 4 B = 2.5 GB per
+# tensor, ~10 GB at the peak, whatever the completion length (full logits of 4096 tokens: 40 GB each). Smaller chunks save memory but not time (the matmul is still B * chunk rows
+# deep); larger ones grow the peak linearly. Lower it, or the micro-batch, on a small GPU.
+CHUNK_SIZE = 256
+
+
+@dataclass
+class Rollouts:
+    """B = len(prompts) * group_size completions, group by group. Tensors live on the model's device."""
+    prompt_ids: torch.Tensor       # (B, P) long, left-padded
+    prompt_mask: torch.Tensor      # (B, P) long, 1 on real prompt tokens
+    completion_ids: torch.Tensor   # (B, T) long, pad id after the first stop token
+    completion_mask: torch.Tensor  # (B, T) bool, generated tokens up to and including the first stop
+    truncated: torch.Tensor        # (B,) bool, no stop token within max_new_tokens
+    group: torch.Tensor            # (B,) long, index of the prompt each row answers
+    texts: list[str]               # B str, decoded completions without the stop token / special tokens
+
+    @property
+    def completion_start(self):
+        """Column of the first completion token in input_ids (= P)."""
+        return self.prompt_ids.shape[1]
+
+    @property
+    def input_ids(self):
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)  # (B, P + T)
+
+    @property
+    def attention_mask(self):
+        return torch.cat([self.prompt_mask, self.completion_mask.long()], dim=1)  # (B, P + T)
+
+    @property
+    def lengths(self):
+        return self.completion_mask.sum(dim=1)  # (B,) completion tokens, stop token included
+
+    def select(self, index):
+        """The rows `index` (a list or a long tensor), e.g. the rollouts kept by sample selection."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.group.device)
+        return Rollouts(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],
+                        self.completion_mask[index], self.truncated[index], self.group[index],
+                        [self.texts[i] for i in index.tolist()])
+
+
+def stop_token_ids(model, tokenizer):
+    """Sorted list of every token id that ends a completion (see the module docstring)."""
+    ids = set()
+    for eos in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if eos is None:
+            continue
+        ids.update([eos] if isinstance(eos, int) else [int(i) for i in eos])
+    if getattr(tokenizer, "chat_template", None):
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+            ids.add(im_end)
+    if not ids:
+        raise ValueError("stop_token_ids: neither model.generation_config.eos_token_id nor tokenizer.eos_token_id "
+                         "is set; set one so that completions can end")
+    return sorted(ids)
+
+
+def completion_mask(completion_ids, stop_ids):
+    """True on every token up to and including the first stop token of its row, False after it.
+
+    Found by position: a token counts as long as no stop token came strictly before it, so a pad id
+    that is also a stop id (Qwen2.5's <|endoftext|>) is handled, and a pad id that the model really
+    generated before stopping stays a real token.
+    """
+    is_stop = torch.isin(completion_ids, torch.as_tensor(stop_ids, device=completion_ids.device))  # (B, T)
+    stops_before = is_stop.long().cumsum(dim=1) - is_stop.long()  # (B, T) stop tokens strictly before t
+    return stops_before == 0
+
+
+def _encode_left_padded(tokenizer, prompts, pad_id):
+    """Token ids of each prompt, left-padded by hand: independent of tokenizer.padding_side."""
+    # Prompts are complete strings (data.format_prompt). Add the tokenizer's special tokens (a BOS for
+    # Llama) only when the prompt does not already start with them, as a chat template's output does.
+    bos = tokenizer.bos_token
+    add_special = not (bos and all(p.startswith(bos) for p in prompts))
+    ids = tokenizer(prompts, add_special_tokens=add_special)["input_ids"]
+    P = max(len(x) for x in ids)
+    prompt_ids = torch.full((len(ids), P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(ids), P), dtype=torch.long)
+    for i, x in enumerate(ids):
+        if len(x) == 0:
+            raise ValueError(f"prompts[{i}]={prompts[i]!r} encodes to no tokens; give a non-empty prompt")
+        prompt_ids[i, P - len(x):] = torch.tensor(x, dtype=torch.long)
+        prompt_mask[i, P - len(x):] = 1
+    return prompt_ids, prompt_mask  # (n, P), (n, P)
+
+
+def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
+                    batch_size=None):
+    """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
+
+    temperature == 0 means greedy decoding. batch_size caps the rows per `generate` call (None = all);
+    every call sees the same left padding, so greedy results do not depend on it.
+    """
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise ValueError(f"prompts={prompts!r} must be a non-empty list of strings")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size={group_size!r} must be an integer >= 1")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1 or None (all rows at once)")
+
+    stop_ids = stop_token_ids(model, tokenizer)
+    # [ours] a tokenizer without a pad token (Llama) pads with its first stop id; harmless, since
+    # padding is found by position and masked out.
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    device = next(model.parameters()).device
+
+    prompt_ids, prompt_mask = _encode_left_padded(tokenizer, prompts, pad_id)  # (n, P)
+    prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0).to(device)  # (B, P) group by group
+    prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)
+    group = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
+    B, P = prompt_ids.shape
+
+    if temperature == 0:
+        sampling = dict(do_sample=False)
+    else:
+        # Exactly softmax(logits / T) (+ top_p): switch off whatever generation_config.json asks for.
+        sampling = dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
+                        typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+        if model.generation_config.min_p is not None:
+            sampling["min_p"] = 0.0
+    knobs = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)  # both modes
+
+    step = B if batch_size is None else batch_size
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        with torch.no_grad():
+            for s in range(0, B, step):
+                out = model.generate(
+                    input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step],
+                    max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad_id,
+                    **sampling, **knobs,
+                )  # (b, P + t), t <= max_new_tokens: generate stops early once every row has stopped
+                chunks.append(out[:, P:])
+    finally:
+        model.train(was_training)
+
+    T = max(c.shape[1] for c in chunks)
+    completion_ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)  # (B, T)
+    for s, c in zip(range(0, B, step), chunks):
+        completion_ids[s:s + c.shape[0], :c.shape[1]] = c
+    mask = completion_mask(completion_ids, stop_ids)  # (B, T)
+    is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=device))
+    truncated = ~(is_stop & mask).any(dim=1)  # (B,) the only stop token a row can have in its mask is the last
+    completion_ids = completion_ids.masked_fill(~mask, pad_id)
+
+    # The text is the answer without its stop token; a truncated row keeps all its tokens.
+    keep = mask & ~is_stop  # (B, T)
+    texts = tokenizer.batch_decode([row[k].tolist() for row, k in zip(completion_ids.cpu(), keep.cpu())],
+                                   skip_special_tokens=True)
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, truncated, group, texts)
+
+
+def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
+    """(b, c, H) hidden states -> logp of targets (b, c) and entropy (b, c) or None, in float32."""
+    logits = head(hidden).float() / temperature  # (b, c, V) float32, also for a bf16 model
+    logp_all = torch.log_softmax(logits, dim=-1)  # (b, c, V)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, c)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():  # D3S.md step 5: no gradient through H
+            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (b, c)
+    return logp, entropy
+
+
+def token_logprobs(model, input_ids, attention_mask, completion_start, temperature=1.0, with_entropy=True,
+                   chunk_size=CHUNK_SIZE):
+    """Step 5: per-token log-probs and entropies of the completion tokens input_ids[:, completion_start:].
+
+    input_ids, attention_mask: (B, L), left-padded prompt then completion (Rollouts.input_ids /
+    .attention_mask). Returns logp (B, T) and entropy (B, T) or None, T = L - completion_start, float32.
+    The logits at position completion_start - 1 + t score completion token t. Values at masked
+    positions are finite but meaningless: the caller masks them.
+    """
+    B, L = input_ids.shape
+    if not 1 <= completion_start <= L:
+        raise ValueError(f"completion_start={completion_start} must be in [1, {L}] (the prompt needs a token)")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
+
+    # A plain forward does not derive positions from the mask; generate does. Give the same ones, so
+    # a left-padded row is scored at the positions it was generated at.
+    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids, use_cache=False).last_hidden_state  # (B, L, H)
+    hidden = hidden[:, completion_start - 1:L - 1]  # (B, T, H) position t predicts completion token t
+    targets = input_ids[:, completion_start:]  # (B, T)
+    head = model.get_output_embeddings()  # lm_head: logits = head(hidden), as in Qwen2 / Llama
+
+    logps, entropies = [], []
+    for s in range(0, targets.shape[1], chunk_size):
+        args = (head, hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size], temperature, with_entropy)
+        if torch.is_grad_enabled():
+            # Autograd would keep each chunk's (B, chunk, V) log-softmax for the backward pass, i.e. the
+            # full logits after all. Checkpointing keeps only the (B, chunk, H) hidden states and
+            # recomputes one chunk's logits at a time during backward.
+            logp, entropy = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            logp, entropy = _chunk_logprobs(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    if not logps:  # T == 0
+        empty = hidden.new_zeros((B, 0), dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None)
+    logp = torch.cat(logps, dim=1)  # (B, T)
+    entropy = torch.cat(entropies, dim=1) if with_entropy else None  # (B, T)
+    return logp, entropy
