@@ -11,3 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is absent")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The tiny world's warmed-up model as an HF folder, built once per test session (~30 s)."""
+    import tiny
+    return tiny.pretrained(str(tmp_path_factory.mktemp("tiny") / "tiny"), log=lambda *a: None)

@@ -1,0 +1,158 @@
+"""
+The offline tiny world: everything D3S needs, built in code, so that the whole method runs and
+visibly learns on two CPU cores with no download. `python train.py` uses it by default.
+
+- build_tokenizer(): a character-level `PreTrainedTokenizerFast` (one token per character, plus
+  <pad> and <eos>), saved and loaded like any HF tokenizer.
+- build_model(tokenizer): a ~0.8M-parameter Qwen2 (the architecture class of Qwen2.5), random.
+- problems(split): chained arithmetic, "3+8+5+9" -> the last digit of the sum, answered as a short
+  worked solution and a final `#### N` line, like GSM8K:
+
+      Question: 3+8+5+9
+      Answer: 3+8=1
+      1+5=6
+      6+9=5
+      #### 5
+
+  Most tokens are easy copies (the digits of the question, the previous result, the format); the
+  three results decide the answer. That is the situation token-level selection is made for.
+- warmup(): a short supervised warm-up on worked solutions written by a *sloppy teacher* [ours]:
+  whenever a step wraps past 9 the teacher adds a spurious +1 (a forgotten carry) with
+  probability WARMUP_NOISE. The warmed-up model inherits the mistake: sampled at T=1 it is right
+  about 30% of the time and greedy decoding is worse (the wrong digit is the more likely one), so RL
+  has right and wrong answers in most groups, and the held-out greedy accuracy has room to climb.
+  The deciding tokens are exactly the high-entropy ones, which is what D3S's |A|*H score looks for.
+- pretrained(path): the warmed-up model as an ordinary HF folder (save_pretrained), built once and
+  reused by later runs; rebuilt when missing.
+
+Train and test never share a question: a question's split is a hash of its text.
+"""
+import hashlib
+import json
+import os
+import random
+import string
+import time
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, EOS = "<pad>", "<eos>"
+CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+NUM_TERMS = 4          # digits per question: 4 digits -> 3 worked steps
+TEST_SHARE = 10        # 1 question in TEST_SHARE is held out (by hash), never trained on
+WARMUP_NOISE = 0.6     # [ours] chance that the teacher forgets the carry on a wrapping step
+WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU cores
+WARMUP_BATCH = 64
+WARMUP_LR = 1e-3
+MAX_NEW_TOKENS = 32    # a full solution is 25 tokens with its <eos>
+
+
+# -----------------------------------------------------------------------------
+# tokenizer and model
+
+def build_tokenizer():
+    """One token per character; decode(encode(s)) == s for any string made of CHARS."""
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS] + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")  # every character
+    tok.decoder = decoders.Fuse()  # join characters back without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
+
+
+def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
+    """A random tiny Qwen2: the same code path as Qwen2.5 in transformers, just small."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=3 * hidden_size,
+        max_position_embeddings=256, tie_word_embeddings=True,
+        # [ours] Qwen2's default init (std 0.02) leaves a model this small on a loss plateau for
+        # hundreds of steps (it never learns to look back at the question); std 0.1 learns the
+        # task in ~150 steps.
+        initializer_range=0.1,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+# -----------------------------------------------------------------------------
+# the task
+
+def solve(digits, rng=None, noise=0.0):
+    """Worked solution of digits[0]+digits[1]+... (mod 10). With noise > 0 and an rng, a wrapping
+    step gets a forgotten carry (+1) with that probability: the sloppy teacher of the warm-up."""
+    acc, lines = digits[0], []
+    for d in digits[1:]:
+        s = (acc + d) % 10
+        if noise > 0 and acc + d >= 10 and rng.random() < noise:
+            s = (s + 1) % 10
+        lines.append(f"{acc}+{d}={s}")
+        acc = s
+    return " " + "\n".join(lines) + f"\n#### {acc}"
+
+
+def _is_test(question):
+    return int(hashlib.sha256(question.encode()).hexdigest(), 16) % TEST_SHARE == 0
+
+
+def problems(split="train", limit=None, seed=0):
+    """All questions of a split as {"prompt", "answer"} rows, shuffled by `seed` (deterministic)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"tiny has splits train and test, got split={split!r}")
+    rows = []
+    for n in range(10 ** NUM_TERMS):
+        digits = [int(c) for c in str(n).zfill(NUM_TERMS)]
+        question = "+".join(map(str, digits))
+        if _is_test(question) == (split == "test"):
+            rows.append({"prompt": question, "answer": str(sum(digits) % 10)})
+    random.Random(seed).shuffle(rows)
+    return rows[:limit] if limit is not None else rows
+
+
+# -----------------------------------------------------------------------------
+# warm-up
+
+def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE, log=print):
+    """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model, tokenizer)."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed)
+    train = problems("train", seed=seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    t0 = time.time()
+    for step in range(steps):
+        batch = [train[(step * batch_size + i) % len(train)] for i in range(batch_size)]
+        prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]  # = data.format_prompt without a chat template
+        targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise) + EOS for r in batch]
+        enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt", padding=True, padding_side="right")
+        labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
+        for i, p in enumerate(prompts):
+            labels[i, :len(p)] = -100  # one token per character: the prompt is len(p) tokens
+        loss = model(**enc, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"warm-up step {step:4d} | loss {loss.item():.3f} | {time.time() - t0:.0f}s")
+    model.eval()
+    return model, tokenizer
+
+
+def pretrained(path="out/tiny", seed=0, log=print):
+    """The warmed-up tiny model as an HF folder at `path`: built (and saved) once, then reused."""
+    if os.path.isfile(os.path.join(path, "tiny.json")):
+        return path
+    log(f"building the tiny world's warmed-up model in {path} (once, ~30 s on a laptop)")
+    model, tokenizer = warmup(seed=seed, log=log)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "tiny.json"), "w") as f:  # written last: marks the folder complete
+        json.dump({"seed": seed, "steps": WARMUP_STEPS, "noise": WARMUP_NOISE}, f)
+    return path
