@@ -2,8 +2,9 @@
 The offline tiny world: everything D3S needs, built in code, so that the whole method runs and
 visibly learns on two CPU cores with no download. `python train.py` uses it by default.
 
-- build_tokenizer(): a character-level `PreTrainedTokenizerFast` (one token per character, plus
-  <pad> and <eos>), saved and loaded like any HF tokenizer.
+- build_tokenizer(): a character-level tokenizer (one token per character, plus <pad> and <eos>). It
+  is a `Qwen2Tokenizer` (a `PreTrainedTokenizerFast`) whose byte-level BPE has no merges, so
+  `AutoTokenizer.from_pretrained` reloads it exactly, like any Qwen2.5 tokenizer.
 - build_model(tokenizer): a ~0.8M-parameter Qwen2 (the architecture class of Qwen2.5), random.
 - problems(split): chained arithmetic, "3+8+5+9" -> the last digit of the sum, answered as a short
   worked solution and a final `#### N` line, like GSM8K:
@@ -35,8 +36,8 @@ import string
 import time
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 PAD, EOS = "<pad>", "<eos>"
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
@@ -53,12 +54,19 @@ MAX_NEW_TOKENS = 32    # a full solution is 25 tokens with its <eos>
 # tokenizer and model
 
 def build_tokenizer():
-    """One token per character; decode(encode(s)) == s for any string made of CHARS."""
-    vocab = {tok: i for i, tok in enumerate([PAD, EOS] + list(CHARS))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")  # every character
-    tok.decoder = decoders.Fuse()  # join characters back without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
+    """One token per character; decode(encode(s)) == s for any string made of CHARS.
+
+    Why a Qwen2Tokenizer and not a bare tokenizers pipeline: transformers 5's AutoTokenizer picks the
+    tokenizer class from the model's config (qwen2), so a custom pipeline saved next to a Qwen2 model
+    would be reloaded as a Qwen2Tokenizer anyway, and silently drop spaces and newlines. A byte-level
+    BPE whose vocabulary is our characters and whose merge list is empty is one token per character,
+    and survives save_pretrained / AutoTokenizer.from_pretrained unchanged.
+    """
+    byte_char = bytes_to_unicode()  # byte -> the printable character byte-level BPE uses for it
+    vocab = {PAD: 0, EOS: 1}
+    for c in CHARS:
+        vocab[byte_char[ord(c)]] = len(vocab)
+    return Qwen2Tokenizer(vocab=vocab, merges=[], pad_token=PAD, eos_token=EOS, unk_token=None, bos_token=None)
 
 
 def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
