@@ -1,0 +1,443 @@
+"""
+Train a language model on math with GRPO and D3S (Dynamic Dual-Level Down-Sampling, arXiv 2509.22115).
+
+    python train.py                                  # the offline tiny world, CPU, a few minutes
+    python train.py --method grpo                    # the baseline, same world
+    python train.py --model Qwen2.5-0.5B             # GSM8K on one GPU
+    python train.py --model Qwen2.5-0.5B --loss gspo --steps 100
+    python train.py --resume out/d3s-tiny            # continue an interrupted run
+
+One step, as ../shared/D3S.md describes it:
+    rollout (G samples per prompt) -> reward (0/1) -> group advantages -> sample selection (the
+    rollouts whose advantages have maximal variance) -> forward of the kept rollouts only -> token
+    selection (top |A| * entropy, pooled over the step) -> loss over the kept tokens, divided by the
+    step's kept-token count -> one optimizer step.
+Every knob is in the config block below; override any of them with --name value or --name=value.
+"""
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+import d3s
+from data import format_prompt, load_problems
+from eval import evaluate
+from model import load_model
+from reward import score
+from rollout import generate_groups, token_logprobs
+
+# -----------------------------------------------------------------------------
+# config: every knob, with its default. None means "pick the default for the world": the first
+# value of WORLD_DEFAULTS below for the tiny world, the second for a real model.
+
+
+@dataclass
+class Config:
+    # model and data
+    model: str = "tiny"                     # "tiny" (offline), "Qwen2.5-0.5B", a hub id or a local folder
+    dataset: Optional[str] = None           # training prompts: tiny | gsm8k | math | ... | a .jsonl path
+    eval_dataset: Optional[str] = None      # held-out prompts (test split); None: the dataset's own
+    data_dir: Optional[str] = None          # local copies laid out as NAME/SPLIT.jsonl (e.g. ../shared/data)
+    # the method (D3S.md, "Named methods") and its loss
+    method: str = "d3s"                     # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
+    loss: str = "grpo"                      # grpo (token ratio) | gspo (sequence ratio, GSPO-token form)
+    scale: str = "group"                    # advantage scale: group (GRPO) | none (Dr. GRPO)
+    # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
+    s_init: float = 0.25                    # rho_s at the first step: share of rollouts kept [ours]
+    s_final: float = 0.75                   # rho_s at the last step [ours]
+    t_init: float = 0.2                     # rho_t at the first step: share of kept rollouts' tokens kept [ours]
+    t_final: float = 0.6                    # rho_t at the last step [ours]
+    # the batch
+    steps: Optional[int] = None             # optimizer steps (one per rollout batch)
+    prompts_per_step: Optional[int] = None  # P prompts per step
+    group_size: Optional[int] = None        # G rollouts per prompt (B = P * G)
+    max_new_tokens: Optional[int] = None    # completion budget; longer ones are truncated (reward 0 if no answer)
+    temperature: float = 1.0                # sampling temperature; log-probs and entropy use softmax(logits / T)
+    top_p: float = 1.0                      # nucleus sampling (1 = plain softmax sampling)
+    # the update
+    lr: Optional[float] = None              # AdamW learning rate (constant)
+    weight_decay: float = 0.0               # AdamW weight decay
+    grad_clip: float = 1.0                  # clip the gradient norm to this (0 = off)
+    clip_eps_low: Optional[float] = None    # ratio clip 1 - eps_low; None: 0.2 for grpo, 3e-4 for gspo (GSPO paper)
+    clip_eps_high: Optional[float] = None   # ratio clip 1 + eps_high; None: 0.2 for grpo, 4e-4 for gspo
+    beta: float = 0.0                       # k3 KL to the initial model (0: no reference model is kept)
+    micro_batch_size: Optional[int] = None  # kept rollouts per forward/backward (the gradient does not depend on it)
+    gen_batch_size: Optional[int] = None    # rollouts per generate call (None: all at once)
+    logprob_chunk: int = 256                # positions per lm_head chunk: never the full (B, T, V) float32 logits
+    gradient_checkpointing: bool = False    # trade compute for activation memory on big models
+    dtype: str = "auto"                     # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
+    # evaluation, logging, checkpoints
+    eval_size: Optional[int] = None         # held-out prompts, greedy, the same fixed subset every time
+    eval_every: Optional[int] = None        # steps between evaluations (also at step 0 and at the end)
+    save_every: Optional[int] = None        # steps between checkpoints (also at the end and on Ctrl-C)
+    out_dir: Optional[str] = None           # run folder; None: out/<method>-<model>
+    seed: int = 0                           # prompts order, sampling, random selection
+    device: str = "auto"                    # auto | cpu | cuda | cuda:1 ...
+    resume: Optional[str] = None            # a run folder to continue from its last checkpoint
+    progress: bool = True                   # the progress bar over the steps
+
+
+# (tiny world, real model). [ours] The tiny values are tuned with bench.py (see README); the real
+# ones are a reasonable single-GPU start for Qwen2.5-0.5B on GSM8K, not tuned.
+WORLD_DEFAULTS = {
+    "dataset": ("tiny", "gsm8k"),
+    "steps": (100, 200),
+    "prompts_per_step": (16, 32),
+    "group_size": (8, 8),
+    "max_new_tokens": (32, 512),
+    "lr": (1e-4, 1e-6),
+    "micro_batch_size": (128, 16),
+    "eval_size": (200, 500),
+    "eval_every": (25, 25),
+    "save_every": (25, 25),
+}
+
+
+def resolve(cfg):
+    """Fill the None defaults, check every knob, and return the completed config."""
+    cfg = dataclasses.replace(cfg)
+    real = cfg.model != "tiny"
+    for name, pair in WORLD_DEFAULTS.items():
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, pair[real])
+    cfg.eval_dataset = cfg.eval_dataset or cfg.dataset
+    gspo = cfg.loss == "gspo"
+    cfg.clip_eps_low = cfg.clip_eps_low if cfg.clip_eps_low is not None else (3e-4 if gspo else 0.2)
+    cfg.clip_eps_high = cfg.clip_eps_high if cfg.clip_eps_high is not None else (4e-4 if gspo else 0.2)
+    if cfg.out_dir is None:
+        cfg.out_dir = os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
+    check(cfg)
+    return cfg
+
+
+def check(cfg):
+    """Bad knobs are one-line ValueErrors that say what is allowed."""
+    def must(ok, msg):
+        if not ok:
+            raise ValueError(msg)
+    must(cfg.method in d3s.METHODS, f"--method {cfg.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
+    must(cfg.loss in d3s.LOSSES, f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
+    must(cfg.scale in d3s.SCALES, f"--scale {cfg.scale!r} is unknown; choose one of {', '.join(d3s.SCALES)}")
+    for name in ("s_init", "s_final", "t_init", "t_final"):
+        value = getattr(cfg, name)
+        must(0 < value <= 1, f"--{name} must be in (0, 1], got {value}")
+    must(cfg.group_size >= 2, f"--group_size must be at least 2 (advantages compare rollouts of a prompt), got {cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "eval_every",
+                 "save_every", "logprob_chunk"):
+        must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    must(cfg.gen_batch_size is None or cfg.gen_batch_size >= 1, f"--gen_batch_size must be at least 1, got {cfg.gen_batch_size}")
+    must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
+    must(0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}")
+    must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
+    must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+
+
+# -----------------------------------------------------------------------------
+# small helpers
+
+
+def batch_at(problems, step, size, seed):
+    """The prompts of a step: a fixed shuffle per epoch, so a resumed run sees the same prompts."""
+    out = []
+    for pos in range(step * size, (step + 1) * size):  # the data position is step * size
+        epoch, i = divmod(pos, len(problems))
+        order = list(range(len(problems)))
+        random.Random(seed * 1000003 + epoch).shuffle(order)
+        out.append(problems[order[i]])
+    return out
+
+
+def masked_var(x):
+    """Population variance of a 1-D tensor (0 for fewer than 2 values)."""
+    return x.var(unbiased=False).item() if x.numel() > 1 else 0.0
+
+
+def rng_state(generator):
+    """Every random state the loop draws from: sampling (torch), the `random` control, Python."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "select": generator.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def save_checkpoint(run_dir, model, tokenizer, optimizer, step, rng, history, tokens_trained):
+    """Model + tokenizer as an HF folder, plus what resuming needs. Written to a temporary folder
+    first and swapped in, so a crash while saving never leaves a half checkpoint behind."""
+    final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({
+        "step": step,                                   # the next step to run
+        "data_position": step,                          # batch_at(step) draws prompts step*P .. (step+1)*P-1
+        "optimizer": optimizer.state_dict(),
+        "rng": rng,                                     # as at the start of `step`
+        "history": history,                             # held-out evaluations so far
+        "tokens_trained": tokens_trained,
+    }, os.path.join(tmp, "trainer.pt"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def load_resume(run_dir):
+    """The saved config and trainer state of a run folder, or a one-line error."""
+    ckpt = os.path.join(run_dir, "checkpoint")
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier train.py run")
+    for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"), os.path.join(ckpt, "config.json")):
+        if not os.path.isfile(need):
+            raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing (it has no finished "
+                             f"checkpoint yet); start a fresh run instead")
+    with open(os.path.join(run_dir, "config.json")) as f:
+        saved = json.load(f)
+    try:
+        state = torch.load(os.path.join(ckpt, "trainer.pt"), weights_only=False)
+    except Exception as e:
+        raise ValueError(f"--resume {run_dir}: {ckpt}/trainer.pt is corrupt ({str(e).splitlines()[0]}); "
+                         f"start a fresh run") from None
+    return saved, state
+
+
+# -----------------------------------------------------------------------------
+# the training loop
+
+
+def train(cfg, log=print):
+    """Run (or resume) one training run. Returns the list of held-out evaluations [(step, tokens, accuracy)]."""
+    cfg = resolve(cfg)
+    method = d3s.METHODS[cfg.method]
+    state = None
+    if cfg.resume:
+        saved, state = load_resume(cfg.resume)
+        cfg = resolve(Config(**{**saved, "resume": cfg.resume, "progress": cfg.progress}))
+    run_dir = cfg.out_dir
+    os.makedirs(run_dir, exist_ok=True)
+
+    # init: seeds, device, model, data
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU:
+    # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
+    autocast = device.startswith("cuda") and cfg.dtype == "auto" and torch.cuda.is_bf16_supported()
+    weights = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+    model, tokenizer = load_model(cfg.model, device=device, dtype=weights)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # frozen initial policy
+    if state is not None:  # the policy continues from the checkpoint; the reference stays the initial model
+        model, tokenizer = load_model(os.path.join(run_dir, "checkpoint"), device=device, dtype=weights)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)
+    eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)  # for the `random` selection control
+    start, history, tokens_trained = 0, [], 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(rng["python"])
+        generator.set_state(rng["select"])
+        start, history, tokens_trained = state["step"], state["history"], state["tokens_trained"]
+        log(f"resuming {run_dir} at step {start}")
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(dataclasses.asdict(cfg), f, indent=2)
+    log_path = os.path.join(run_dir, "log.jsonl")
+    if state is None and os.path.exists(log_path):
+        os.remove(log_path)  # a fresh run in an old folder starts a fresh log
+    log(f"run {run_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
+        f"tokens, {method['schedule']} schedule) + {cfg.loss} | {len(train_set)} train / {len(eval_set)} eval prompts")
+
+    def held_out(step, tokens):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            res = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+                           batch_size=cfg.gen_batch_size or 256)
+        history.append({"step": step, "tokens": tokens, "accuracy": res["accuracy"]})
+        log(f"eval step {step} | held-out accuracy {res['accuracy']:.3f} ({len(eval_set)} {cfg.eval_dataset} "
+            f"test prompts, greedy)")
+        return res["accuracy"]
+
+    if not history:
+        held_out(0, 0)
+    completed, step, rng = start, start, rng_state(generator)  # completed: steps fully applied to the model
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for step in bar:
+            rng = rng_state(generator)  # a Ctrl-C inside this step resumes from here, exactly
+            # the schedule: aggressive early, relaxed late (D3S.md, "Schedule")
+            rho_s, rho_t = d3s.keep_ratios(step, cfg.steps, method["schedule"], cfg.s_init, cfg.s_final,
+                                           cfg.t_init, cfg.t_final)
+            rho_t = method.get("t_keep", rho_t)  # the 80/20 baseline keeps a fixed 20% of tokens
+
+            # 1. rollout: G samples per prompt, group by group
+            t0 = time.time()
+            batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
+            prompts = [format_prompt(tokenizer, row["prompt"]) for row in batch]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                ro = generate_groups(model, tokenizer, prompts, cfg.group_size, cfg.max_new_tokens,
+                                     temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.gen_batch_size)
+            t_gen = time.time() - t0
+
+            # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
+            t0 = time.time()
+            references = [row["answer"] for row in batch for _ in range(cfg.group_size)]
+            rewards, rstats = score(ro.texts, references)
+            rewards = torch.tensor(rewards, dtype=torch.float32)  # (B,)
+
+            # 3. advantages on the full group (GRPO)
+            adv = d3s.group_advantages(rewards, cfg.group_size, scale=cfg.scale)  # (B,)
+            # 4. sample-level down-sampling: max-variance subset, not re-normalised (pods re-normalises)
+            idx, adv_kept = d3s.select_samples(rewards, adv, cfg.group_size, rho_s, method["sample"],
+                                               generator=generator, scale=cfg.scale)
+            kept = ro.select(idx.to(ro.group.device))
+            adv_kept = adv_kept.to(device)
+            N = len(idx)
+
+            # 5. forward of the kept rollouts only: per-token log-probs (with grad) and entropy (without)
+            valid = kept.completion_mask  # (N, T)
+            mbs = [slice(s, s + cfg.micro_batch_size) for s in range(0, N, cfg.micro_batch_size)]
+            need_scores = method["token"] != "none"
+
+            def forward(sl, with_entropy=True):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    return token_logprobs(model, kept.input_ids[sl], kept.attention_mask[sl], kept.completion_start,
+                                          cfg.temperature, with_entropy=with_entropy, chunk_size=cfg.logprob_chunk)
+
+            entropy, first = None, None
+            if len(mbs) == 1:
+                first = forward(mbs[0])  # with grad; the entropy comes with it, no extra pass
+                entropy = first[1]
+            elif need_scores:
+                # token selection is pooled over the whole step, so with several micro-batches it needs
+                # every kept rollout's entropy before the first backward: one extra no-grad pass.
+                with torch.no_grad():
+                    entropy = torch.cat([forward(sl)[1] for sl in mbs])
+
+            # 6. token-level down-sampling: top rho_t of |A| * H, pooled over all kept tokens of the step
+            if need_scores:
+                scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T)
+                token_mask = d3s.select_tokens(scores, valid, rho_t)  # (N, T) bool
+            else:
+                token_mask = valid
+            num_tokens = int(token_mask.sum())
+
+            # 7. loss over the kept tokens / the step's kept-token count, then one optimizer step
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, clip_sum, ratio_sum, kl_sum, pieces = 0.0, 0.0, 0.0, 0.0, []
+            for i, sl in enumerate(mbs):
+                logp, ent = first if i == 0 and first is not None else forward(sl, with_entropy=entropy is None)
+                pieces.append(ent)
+                ref_logp = None
+                if ref_model is not None:
+                    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                        ref_logp, _ = token_logprobs(ref_model, kept.input_ids[sl], kept.attention_mask[sl],
+                                                     kept.completion_start, cfg.temperature, with_entropy=False,
+                                                     chunk_size=cfg.logprob_chunk)
+                # on-policy, one update per batch: old_logp = logp.detach(), the ratio is 1 (D3S.md, "Loss")
+                loss, st = d3s.policy_loss(logp, logp.detach(), adv_kept[sl], token_mask[sl], num_tokens,
+                                           loss=cfg.loss, eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
+                                           ref_logp=ref_logp, beta=cfg.beta, seq_mask=valid[sl])
+                loss.backward()
+                share = int(token_mask[sl].sum()) / max(num_tokens, 1)  # stats are per-call means over kept tokens
+                loss_sum += loss.item()
+                clip_sum += st["clip_frac"] * share
+                ratio_sum += st["ratio_mean"] * share
+                kl_sum += st.get("kl", 0.0) * share
+            if entropy is None:  # only for the log
+                entropy = torch.cat(pieces)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            skipped = not (math.isfinite(loss_sum) and torch.isfinite(grad_norm))
+            if skipped:  # a NaN/inf step is skipped, not applied, and counted in the log
+                optimizer.zero_grad(set_to_none=True)
+                tqdm.write(f"warning: step {step} has a non-finite loss or gradient; skipped")
+            else:
+                optimizer.step()
+            completed, tokens_trained = step + 1, tokens_trained + num_tokens
+            t_upd = time.time() - t0
+
+            # log: one line per step, the same fields in log.jsonl
+            G = cfg.group_size
+            zero_var = (rewards.view(-1, G).std(dim=1) == 0).float().mean().item()
+            row = {
+                "step": step, "reward": rewards.mean().item(), "zero_var": zero_var,
+                "kept": N, "rollouts": len(rewards), "tokens": num_tokens, "valid": int(valid.sum()),
+                "valid_all": int(ro.completion_mask.sum()),
+                "var_adv": masked_var(adv), "var_kept": masked_var(adv_kept),
+                "entropy": entropy[valid].mean().item(), "length": ro.lengths.float().mean().item(),
+                "truncated": ro.truncated.float().mean().item(), "no_answer": rstats["no_answer"],
+                "loss": loss_sum, "grad_norm": grad_norm.item(), "clip_frac": clip_sum, "ratio": ratio_sum,
+                "kl": kl_sum, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd,
+                "skipped": int(skipped), "tokens_trained": tokens_trained,
+            }
+            with open(log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            line = (
+                f"step {step:4d} | reward {row['reward']:.2f} | zero-var {zero_var:.2f} | kept {N}/{len(rewards)} | "
+                f"tokens {num_tokens}/{row['valid']} | var(A) {row['var_adv']:.2f}->{row['var_kept']:.2f} | "
+                f"entropy {row['entropy']:.2f} | len {row['length']:.0f} | trunc {row['truncated']:.2f} | "
+                f"grad {row['grad_norm']:.2f} | gen {t_gen:.1f}s upd {t_upd:.1f}s"
+            )
+            tqdm.write(line) if cfg.progress else log(line)
+
+            # evaluate and checkpoint
+            if completed % cfg.eval_every == 0 or completed == cfg.steps:
+                held_out(completed, tokens_trained)
+            if completed % cfg.save_every == 0 or completed == cfg.steps:
+                save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng_state(generator), history,
+                                tokens_trained)
+    except KeyboardInterrupt:
+        bar.close()
+        # an unfinished step is dropped and replayed on resume from the random state it started with
+        if completed == step + 1:
+            rng = rng_state(generator)
+        save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng,
+                        [h for h in history if h["step"] <= completed], tokens_trained)
+        log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume {run_dir}")
+        raise
+    bar.close()
+    first, last = history[0]["accuracy"], history[-1]["accuracy"]
+    log(f"done: held-out accuracy {first:.3f} -> {last:.3f} ({cfg.eval_dataset}, {len(eval_set)} prompts, greedy); "
+        f"run folder {run_dir}")
+    return history
+
+
+# -----------------------------------------------------------------------------
+# command line: every field of Config is a flag, --name value or --name=value
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Config):
+        kind = f.type if f.type in (int, float, str, bool) else {Optional[int]: int, Optional[float]: float}.get(f.type, str)
+        if kind is bool:
+            kind = lambda s: {"true": True, "1": True, "false": False, "0": False}[s.lower()]  # noqa: E731
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default)
+    return Config(**vars(parser.parse_args(argv)))
+
+
+def main(argv=None):
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        train(cfg)
+    except ValueError as e:  # bad input: one line, exit code 2, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
