@@ -1,0 +1,118 @@
+"""
+Models: turn the --model argument of train.py and eval.py into (model, tokenizer). One function,
+load_model, so that training and evaluation can never load a checkpoint in two different ways.
+
+    load_model("tiny")                       # the offline tiny world (tiny.py), built once into out/tiny
+    load_model("out/d3s-tiny/final")         # a folder written by save_pretrained
+    load_model("Qwen2.5-Math-1.5B")          # a short name -> the hub id Qwen/Qwen2.5-Math-1.5B
+    load_model("Qwen/Qwen2.5-0.5B-Instruct") # a hub id, as is
+
+The argument is read in this order: "tiny"; an existing folder; a short name from ALIASES; a hub id
+("org/name"). Anything that cannot be loaded is a one-line ValueError that says what to do instead.
+"""
+import os
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+# Short names -> hub organisation, by prefix: "Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B".
+# [ours] Only the two families the D3S paper trains (Qwen2.5(-Math), Llama 3.1); for anything else
+# pass the full hub id ("org/name") or a local folder.
+ALIASES = {
+    "Qwen": "Qwen",          # Qwen2.5-0.5B, Qwen2.5-Math-1.5B, Qwen2.5-1.5B-Instruct, ...
+    "Llama-": "meta-llama",  # Llama-3.1-8B, Llama-3.1-8B-Instruct
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hub_id(name):
+    """The hub id of a short name ("Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B"), or None if it has no alias."""
+    for prefix, org in ALIASES.items():
+        if name.startswith(prefix):
+            return f"{org}/{name}"
+    return None
+
+
+def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
+    """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in `dtype`.
+
+    device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
+    dtype: "auto" (bfloat16 on a GPU that supports it, else float32), "float32", "bfloat16",
+    "float16" or a torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
+    """
+    device = _device(device)
+    dtype = _dtype(dtype, device)
+    source, is_folder = _resolve(str(name_or_path), cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError, SafetensorError) as e:  # transformers/hub raise OSError for most failures
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        if is_folder:
+            raise ValueError(f"model folder {source} is corrupt or incomplete: {first}") from None
+        raise ValueError(_hub_failure(source, first)) from None
+    if tokenizer.pad_token is None:
+        # Llama has no pad token. Padding is found by position (rollout.completion_mask), never by
+        # comparing with the pad id, so padding with EOS is harmless.
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def _resolve(name, cache_dir):
+    """(folder or hub id to load from, whether it is a local folder)."""
+    if name == "tiny":
+        import tiny  # imported here: only the tiny world needs it
+        return tiny.pretrained(os.path.join(cache_dir, "tiny")), True
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ValueError(f"model folder {name} has no config.json; pass a folder written by "
+                             f"save_pretrained (config.json, weights, tokenizer files)")
+        return name, True
+    if "/" not in name:
+        alias = hub_id(name)
+        if alias is None:
+            known = ", ".join(f"{p}* -> {org}/{p}*" for p, org in ALIASES.items())
+            raise ValueError(f"model {name!r} is not a folder, not 'tiny' and not a known short name "
+                             f"({known}); pass a local folder or a hub id (org/name)")
+        return alias, False
+    # A hub id is exactly "org/name"; anything else with a slash can only have been meant as a path.
+    org, _, rest = name.partition("/")
+    if name.startswith((".", "~")) or not org or not rest or "/" in rest:
+        raise ValueError(f"model folder {name} does not exist; pass an existing folder written by "
+                         f"save_pretrained, or a hub id (org/name)")
+    return name, False
+
+
+def _hub_failure(hub, why):
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    if offline:
+        return (f"cannot fetch {hub} from the hub: HF_HUB_OFFLINE is set and it is not in the local "
+                f"cache; download it where there is network (huggingface-cli download {hub} "
+                f"--local-dir DIR) and pass --model DIR")
+    return (f"cannot fetch {hub} from the hub ({why}); check the id and the network (no network: "
+            f"download it elsewhere with huggingface-cli download {hub} --local-dir DIR and pass --model DIR)")
+
+
+def _device(device):
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; use --device cpu or auto")
+    return device
+
+
+def _dtype(dtype, device):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        # bfloat16 halves memory and is what Qwen2.5 ships in; on CPU (and old GPUs) float32 is the safe choice.
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
