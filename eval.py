@@ -1,0 +1,286 @@
+"""
+Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pass@j with sampling.
+
+    python eval.py --model tiny --benchmarks tiny                                   # offline, seconds
+    python eval.py --model out/d3s-Qwen2.5-0.5B/final --benchmarks all              # greedy pass@1
+    python eval.py --model Qwen2.5-Math-1.5B --benchmarks aime24,amc23 --n 8 --temperature 0.6
+    python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir ../shared/data
+
+The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
+OlympiadBench; `--benchmarks all` is every one of those that data.py has (all but AIME25, with
+MATH-500 for MATH). The model argument goes through model.load_model, exactly as in train.py, and
+train.py's held-out accuracy is evaluate() below, so the two numbers can never disagree.
+
+What is measured, per benchmark (n samples for each of its problems, c of them correct):
+  accuracy    greedy (n = 1, temperature 0): pass@1. Sampled: avg@n, the mean accuracy over all
+              n samples, which is also the unbiased pass@1.
+  pass@j      j = 1, 2, 4, ..., n (and n itself): the chance that at least one of j samples drawn
+              without replacement from the n is correct, 1 - C(n-c, j) / C(n, j), averaged over
+              problems (Chen et al. 2021's unbiased estimator; it uses all n samples, not just j).
+  no_answer   share of completions with no extractable final answer (reward.extract_answer).
+  mean_length completion tokens, the stop token included (Rollouts.lengths).
+  truncated   share of completions that hit max_new_tokens without a stop token.
+  seconds     wall time: generation plus grading.
+
+Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer, reference,
+correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl), and the table
+as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and generated in
+batches; on a CUDA out-of-memory error the batch is halved and retried.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+import data
+from reward import extract_answer, grade
+from rollout import generate_groups
+
+# Every benchmark data.py knows with a test split. [ours] "math" is left out: its test split is
+# MATH-500 itself, already in the list as "math500".
+BENCHMARKS = tuple(name for name, splits in data.SPLITS.items() if "test" in splits and name != "math")
+
+# -----------------------------------------------------------------------------
+# pass@j
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    The chance that a random k-subset of the n samples holds at least one correct one. Exact
+    integer binomials (math.comb): no overflow or cancellation even for n in the hundreds.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(n):
+    """The j of the pass@j columns: 1, 2, 4, ... up to n, and n itself if it is not a power of two."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else ks + [n]
+
+# -----------------------------------------------------------------------------
+# evaluate: the function train.py calls
+
+
+def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64, top_p=1.0,
+             progress=False, desc="eval", seed=None):
+    """Generate n completions for each problem ({"prompt", "answer"} rows of data.py), grade them.
+
+    batch_size: completions per `generate` call (halved on CUDA out-of-memory). seed: if given,
+    sampling draws from a fresh torch generator state seeded with it (the caller's RNG is left as
+    it was), so a run reproduces. Returns a dict with problems, generations, n, temperature,
+    metric, accuracy, pass@j for j in pass_ks(n), no_answer, mean_length, truncated, seconds,
+    and records (one dict per generation, in problem order; see the module docstring).
+    The model's train/eval mode is restored (generate_groups switches to eval for generating).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be an integer >= 1 (completions per problem)")
+    if n > 1 and temperature == 0:
+        raise ValueError(f"n={n} with temperature=0 repeats one greedy completion {n} times; use n=1 for "
+                         f"greedy, or a temperature > 0 (e.g. 0.6) to sample")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+    if len(problems) == 0:
+        raise ValueError("problems is empty; nothing to evaluate (check --limit and the data set)")
+
+    t0 = time.time()
+    prompts = [data.format_prompt(tokenizer, p["prompt"]) for p in problems]
+    # Longest prompts first [ours]: batches of similar length waste little on padding, and if memory
+    # runs out, it does so in the first batch, not an hour in.
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    order = sorted(range(len(problems)), key=lambda i: -lengths[i])
+
+    device = next(model.parameters()).device
+    devices = [device.index or 0] if device.type == "cuda" else []
+    records = [None] * (len(problems) * n)
+    bar = tqdm(total=len(problems), desc=desc, unit="problem", disable=not progress, dynamic_ncols=True)
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        done = 0
+        while done < len(order):
+            chunk = order[done:done + max(1, batch_size // n)]  # problems in this batch
+            rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n, max_new_tokens,
+                                          temperature, top_p, batch_size)
+            if rollouts is None:  # out of memory: retry this chunk with half the batch
+                batch_size //= 2
+                tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}", file=sys.stderr)
+                continue
+            lens = rollouts.lengths.tolist()
+            cut = rollouts.truncated.tolist()
+            for row, text in enumerate(rollouts.texts):  # rows are group by group: n per problem
+                i, sample = chunk[row // n], row % n
+                reference = problems[i]["answer"]
+                records[i * n + sample] = {
+                    "problem": i, "sample": sample, "prompt": prompts[i], "completion": text,
+                    "answer": extract_answer(text), "reference": reference,
+                    "correct": grade(text, reference), "length": lens[row], "truncated": cut[row],
+                }
+            done += len(chunk)
+            bar.update(len(chunk))
+    bar.close()
+    return {**summarize(records, n), "temperature": temperature, "seconds": time.time() - t0, "records": records}
+
+
+def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size):
+    """generate_groups, or None after a CUDA out-of-memory error when the batch can still be halved."""
+    try:
+        return generate_groups(model, tokenizer, prompts, n, max_new_tokens, temperature=temperature,
+                               top_p=top_p, batch_size=batch_size)
+    except torch.OutOfMemoryError:
+        if batch_size == 1:
+            raise
+    # outside the except block, so the traceback (and the tensors it holds) is gone
+    torch.cuda.empty_cache()
+    return None
+
+
+def summarize(records, n):
+    """The table row of a list of records: every number in it is recomputed from the records alone."""
+    problems = len(records) // n
+    correct = [0] * problems  # c of each problem
+    for r in records:
+        correct[r["problem"]] += r["correct"] == 1.0
+    row = {"problems": problems, "generations": len(records), "n": n,
+           "metric": "pass@1 (greedy)" if n == 1 else f"avg@{n} (mean over {n} samples)",
+           "accuracy": sum(r["correct"] for r in records) / len(records)}
+    for k in pass_ks(n):
+        row[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / problems
+    row["no_answer"] = sum(r["answer"] is None for r in records) / len(records)
+    row["mean_length"] = sum(r["length"] for r in records) / len(records)
+    row["truncated"] = sum(r["truncated"] for r in records) / len(records)
+    return row
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="'tiny', a local folder, a short name (Qwen2.5-0.5B) or a hub id")
+    p.add_argument("--benchmarks", default="tiny",
+                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files; or 'all' (= {','.join(BENCHMARKS)})")
+    p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--max_new_tokens", type=int, default=1024, help="generation stops earlier at EOS")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--data_dir", default=None, help="folder of local copies laid out like ../shared/data")
+    p.add_argument("--batch_size", type=int, default=64, help="completions per generate call (halved on OOM)")
+    p.add_argument("--out", default=None, help="JSONL of every generation (default out/eval/<model>.jsonl); "
+                                               "the table goes to the same stem + .json")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--seed", type=int, default=0, help="seeds sampling, per benchmark")
+    return p.parse_args(argv)
+
+
+def benchmark_names(arg):
+    """--benchmarks -> list of names (or .jsonl paths); 'all' expands to BENCHMARKS."""
+    names = [b.strip() for b in arg.split(",") if b.strip()]
+    if names == ["all"]:
+        return list(BENCHMARKS)
+    if not names:
+        raise ValueError(f"--benchmarks={arg!r} names no benchmark; use all or a comma list of {', '.join(data.NAMES)}")
+    for b in names:
+        if b not in data.NAMES and not b.endswith(".jsonl"):
+            raise ValueError(f"--benchmarks: unknown benchmark {b!r}; known: {', '.join(data.NAMES)}, all, "
+                             f"or a .jsonl file")
+    return names
+
+
+def default_out(model_arg):
+    """out/eval/<model>.jsonl, the model argument made into a file name: out/run/final -> out_run_final."""
+    parts = [p for p in os.path.normpath(model_arg).replace("\\", "/").split("/") if p not in ("", ".", "..")]
+    return os.path.join("out", "eval", "_".join(parts) + ".jsonl")
+
+
+def format_table(results, n):
+    """One row per benchmark, in percent, plus the settings under which they were measured."""
+    ks = pass_ks(n)
+    cols = ["benchmark", "problems"] + (["pass@1"] if n == 1 else [f"pass@{k}" for k in ks])
+    cols += ["no_answer", "length", "truncated", "seconds"]
+    rows = []
+    for name, r in results.items():
+        scores = [r["accuracy"]] if n == 1 else [r[f"pass@{k}"] for k in ks]
+        rows.append([name, str(r["problems"])] + [f"{100 * s:.1f}" for s in scores]
+                    + [f"{100 * r['no_answer']:.1f}", f"{r['mean_length']:.0f}", f"{100 * r['truncated']:.1f}",
+                       f"{r['seconds']:.0f}"])
+    width = [max(len(c), *(len(row[j]) for row in rows)) for j, c in enumerate(cols)]
+
+    def line(cells):  # the benchmark name left-aligned, numbers right-aligned
+        return " | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, width)))
+    note = ("greedy pass@1" if n == 1 else f"pass@1 = avg@{n}, the mean accuracy over the {n} samples") + \
+        "; all numbers in percent except problems, length (tokens) and seconds"
+    return "\n".join([line(cols), "-+-".join("-" * w for w in width)] + [line(r) for r in rows] + [note])
+
+
+def run(args):
+    if args.n < 1:
+        raise ValueError(f"--n={args.n} must be >= 1 (completions per problem)")
+    if args.n > 1 and args.temperature == 0:
+        raise ValueError(f"--n={args.n} with --temperature 0 repeats one greedy completion {args.n} times; "
+                         f"use --n 1 for greedy, or sample with e.g. --temperature 0.6")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        raise ValueError(f"--max_new_tokens={args.max_new_tokens} and --batch_size={args.batch_size} must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit={args.limit} must be >= 1 (or left out for every problem)")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise ValueError(f"--data_dir={args.data_dir!r} is not a folder; pass a folder laid out like "
+                         f"../shared/data (gsm8k/test.jsonl, math500/test.jsonl, ...)")
+
+    # Data before the model: a missing file should fail in a second, not after loading 15 GB.
+    benchmarks = {b: data.load_problems(b, "test", limit=args.limit, data_dir=args.data_dir)
+                  for b in benchmark_names(args.benchmarks)}
+    for b, rows in benchmarks.items():
+        if not rows:
+            raise ValueError(f"--benchmarks: {b} has no problems; check the file")
+
+    from model import load_model  # imported here: it pulls in transformers' model classes
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    out = args.out or default_out(args.model)
+    table_path = os.path.splitext(out)[0] + ".json"
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    settings = {k: getattr(args, k) for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit",
+                                               "seed", "batch_size")}
+    print(f"model {args.model} | {next(model.parameters()).device} {next(model.parameters()).dtype} | "
+          f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}", flush=True)
+
+    results = {}
+    with open(out, "w", encoding="utf-8") as f:
+        for name, problems in benchmarks.items():
+            # seeded per benchmark [ours]: a benchmark's samples do not depend on which ran before it
+            res = evaluate(model, tokenizer, problems, n=args.n, temperature=args.temperature,
+                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, top_p=args.top_p,
+                           progress=True, desc=name, seed=args.seed if args.temperature > 0 else None)
+            for r in res.pop("records"):
+                f.write(json.dumps({"benchmark": name, **r}) + "\n")
+            f.flush()
+            results[name] = res
+            with open(table_path, "w", encoding="utf-8") as t:  # rewritten after each benchmark
+                json.dump({"settings": settings, "results": results}, t, indent=2)
+    print(format_table(results, args.n))
+    print(f"generations: {out}\ntable: {table_path}")
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

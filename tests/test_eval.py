@@ -1,0 +1,228 @@
+"""eval.py: the pass@j estimator against brute force, evaluate() against grading by hand, and the
+command line end to end on the tiny world's warmed-up model."""
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import data
+import tiny
+from conftest import ROOT, SHARED, requires_shared
+from eval import BENCHMARKS, evaluate, main, pass_at_k, pass_ks
+from model import load_model
+from reward import extract_answer, grade
+from rollout import generate_groups
+
+FIELDS = {"problem", "sample", "prompt", "completion", "answer", "reference", "correct", "length", "truncated"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_dir):
+    return load_model(tiny_dir, device="cpu")
+
+# -----------------------------------------------------------------------------
+# pass@j
+
+
+def test_pass_at_k_is_the_average_over_all_k_subsets():
+    # every n <= 8, every c, every k, and every arrangement's subsets counted by brute force
+    for n in range(1, 9):
+        for c in range(n + 1):
+            samples = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(samples, k))
+                brute = sum(any(s) for s in subsets) / len(subsets)
+                assert math.isclose(pass_at_k(n, c, k), brute, abs_tol=1e-12), (n, c, k)
+    assert pass_at_k(8, 1, 1) == 1 / 8 and pass_at_k(8, 0, 8) == 0.0 and pass_at_k(8, 1, 8) == 1.0
+
+
+def test_pass_ks():
+    assert pass_ks(1) == [1]
+    assert pass_ks(4) == [1, 2, 4]
+    assert pass_ks(6) == [1, 2, 4, 6]
+    assert pass_ks(8) == [1, 2, 4, 8]
+    assert pass_ks(20) == [1, 2, 4, 8, 16, 20]
+
+
+def _brute_pass(records, n, k):
+    """pass@k of a benchmark from its records, by enumerating all k-subsets of each problem's samples."""
+    by_problem = {}
+    for r in records:
+        by_problem.setdefault(r["problem"], []).append(r["correct"] == 1.0)
+    values = []
+    for samples in by_problem.values():
+        assert len(samples) == n
+        subsets = list(itertools.combinations(samples, k))
+        values.append(sum(any(s) for s in subsets) / len(subsets))
+    return sum(values) / len(values)
+
+# -----------------------------------------------------------------------------
+# evaluate()
+
+
+def test_evaluate_greedy_equals_grading_by_hand(tiny_model):
+    model, tokenizer = tiny_model
+    problems = tiny.problems("test", limit=64)
+    model.train()
+    res = evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=tiny.MAX_NEW_TOKENS)
+    assert model.training  # restored
+
+    prompts = [data.format_prompt(tokenizer, p["prompt"]) for p in problems]
+    by_hand = generate_groups(model, tokenizer, prompts, 1, tiny.MAX_NEW_TOKENS, temperature=0.0)
+    grades = [grade(text, p["answer"]) for text, p in zip(by_hand.texts, problems)]
+    accuracy = sum(grades) / len(grades)
+
+    assert res["accuracy"] == accuracy and res["pass@1"] == accuracy
+    assert 0 < accuracy < 1  # the warmed-up tiny model is right 15-35% of the time greedily
+    assert res["problems"] == res["generations"] == 64 and res["n"] == 1
+    assert [r["completion"] for r in res["records"]] == by_hand.texts
+    assert [r["correct"] for r in res["records"]] == grades
+    assert [r["reference"] for r in res["records"]] == [p["answer"] for p in problems]
+    assert [r["answer"] for r in res["records"]] == [extract_answer(t) for t in by_hand.texts]
+    assert res["mean_length"] == by_hand.lengths.float().mean().item()
+    assert res["truncated"] == by_hand.truncated.float().mean().item()
+    assert res["no_answer"] == sum(extract_answer(t) is None for t in by_hand.texts) / 64
+    assert res["seconds"] > 0
+    assert all(set(r) == FIELDS for r in res["records"])
+
+
+def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
+    model, tokenizer = tiny_model
+    # different prompt lengths, so the longest-first order differs from the given one
+    problems = [{"prompt": q, "answer": str(sum(map(int, q.split("+"))) % 10)}
+                for q in ["1+2", "3+8+5+9", "4+4", "1+2+3", "9+9+9+9+9", "7"]]
+    res = evaluate(model, tokenizer, problems, n=2, temperature=1.0, max_new_tokens=tiny.MAX_NEW_TOKENS,
+                   batch_size=4, seed=0)
+    records = res["records"]
+    assert [(r["problem"], r["sample"]) for r in records] == [(i, s) for i in range(6) for s in range(2)]
+    for r in records:
+        assert r["prompt"] == data.format_prompt(tokenizer, problems[r["problem"]]["prompt"])
+        assert r["reference"] == problems[r["problem"]]["answer"]
+        assert r["correct"] == grade(r["completion"], r["reference"])
+
+
+def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_model):
+    model, tokenizer = tiny_model
+    problems = tiny.problems("test", limit=8)
+    state = torch.random.get_rng_state()
+    runs = [evaluate(model, tokenizer, problems, n=4, temperature=1.0, max_new_tokens=tiny.MAX_NEW_TOKENS,
+                     batch_size=8, seed=1) for _ in range(2)]
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert [r["completion"] for r in runs[0]["records"]] == [r["completion"] for r in runs[1]["records"]]
+    res = runs[0]
+    assert res["accuracy"] == res["pass@1"] == sum(r["correct"] for r in res["records"]) / 32
+    for k in (1, 2, 4):
+        assert math.isclose(res[f"pass@{k}"], _brute_pass(res["records"], 4, k), abs_tol=1e-12)
+    assert len({r["completion"] for r in res["records"]}) > 8  # really sampled: not one completion per problem
+
+
+def test_evaluate_rejects_bad_arguments(tiny_model):
+    model, tokenizer = tiny_model
+    problems = tiny.problems("test", limit=2)
+    with pytest.raises(ValueError, match="temperature=0 repeats"):
+        evaluate(model, tokenizer, problems, n=4, temperature=0.0)
+    with pytest.raises(ValueError, match="n=0"):
+        evaluate(model, tokenizer, problems, n=0)
+    with pytest.raises(ValueError, match="problems is empty"):
+        evaluate(model, tokenizer, [], n=1)
+
+# -----------------------------------------------------------------------------
+# the command line
+
+
+def _read(out):
+    with open(out) as f:
+        lines = [json.loads(line) for line in f]
+    with open(os.path.splitext(out)[0] + ".json") as f:
+        table = json.load(f)
+    return lines, table
+
+
+def _check_table_against_jsonl(lines, table, n):
+    """Every number of the table recomputed from the JSONL lines."""
+    for name, row in table["results"].items():
+        records = [r for r in lines if r["benchmark"] == name]
+        assert len(records) == row["generations"] == row["problems"] * n
+        assert row["accuracy"] == pytest.approx(sum(r["correct"] for r in records) / len(records))
+        assert row["no_answer"] == pytest.approx(sum(r["answer"] is None for r in records) / len(records))
+        assert row["mean_length"] == pytest.approx(sum(r["length"] for r in records) / len(records))
+        assert row["truncated"] == pytest.approx(sum(r["truncated"] for r in records) / len(records))
+        for k in pass_ks(n):
+            assert row[f"pass@{k}"] == pytest.approx(_brute_pass(records, n, k))
+        for r in records:
+            assert set(r) == FIELDS | {"benchmark"}
+            assert r["answer"] == extract_answer(r["completion"])
+            assert r["correct"] == grade(r["completion"], r["reference"])
+
+
+def test_cli_greedy_end_to_end(tiny_dir, tmp_path):
+    out = tmp_path / "x.jsonl"
+    proc = subprocess.run([sys.executable, "eval.py", "--model", tiny_dir, "--benchmarks", "tiny", "--limit", "16",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines, table = _read(out)
+    assert len(lines) == 16 and [r["problem"] for r in lines] == list(range(16))
+    assert [r["reference"] for r in lines] == [p["answer"] for p in tiny.problems("test", limit=16)]
+    _check_table_against_jsonl(lines, table, n=1)
+    row = table["results"]["tiny"]
+    assert row["truncated"] == 0  # max_new_tokens 1024, but every completion stops at <eos>
+    assert table["settings"]["n"] == 1 and table["settings"]["model"] == tiny_dir
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("tiny ")]
+    assert len(printed) == 1 and f"{100 * row['accuracy']:.1f}" in printed[0]
+    assert "pass@1" in proc.stdout and "pass@2" not in proc.stdout
+
+
+def test_cli_sampled_columns(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "s.jsonl"
+    assert main(["--model", tiny_dir, "--benchmarks", "tiny", "--limit", "6", "--n", "4", "--temperature", "1",
+                 "--max_new_tokens", str(tiny.MAX_NEW_TOKENS), "--batch_size", "8", "--out", str(out)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("benchmark"))
+    assert [c.strip() for c in header.split("|")][2:5] == ["pass@1", "pass@2", "pass@4"]
+    lines, table = _read(out)
+    assert len(lines) == 24
+    _check_table_against_jsonl(lines, table, n=4)
+    assert {"pass@1", "pass@2", "pass@4"} <= set(table["results"]["tiny"])
+
+
+@requires_shared
+def test_cli_every_shared_benchmark(tiny_dir, tmp_path):
+    out = tmp_path / "all.jsonl"
+    assert main(["--model", tiny_dir, "--benchmarks", "all", "--limit", "4", "--data_dir", str(SHARED / "data"),
+                 "--max_new_tokens", "16", "--out", str(out)]) == 0
+    lines, table = _read(out)
+    assert list(table["results"]) == list(BENCHMARKS) == ["gsm8k", "math500", "aime24", "amc23", "minerva",
+                                                          "olympiadbench"]
+    _check_table_against_jsonl(lines, table, n=1)
+    for name in BENCHMARKS:
+        refs = [r["reference"] for r in lines if r["benchmark"] == name]
+        assert refs == [p["answer"] for p in data.load_problems(name, "test", limit=4, data_dir=SHARED / "data")]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--benchmarks", "gsm9k"], "unknown benchmark 'gsm9k'"),
+    (["--benchmarks", "nowhere/problems.jsonl"], "no file 'nowhere/problems.jsonl'"),
+    (["--n", "0"], "--n=0"),
+    (["--n", "4"], "--temperature 0 repeats"),
+    (["--model", "gpt2"], "pass a local folder or a hub id"),
+    (["--model", "nowhere/at/all"], "does not exist"),
+    (["--data_dir", "nowhere"], "--data_dir='nowhere' is not a folder"),
+])
+def test_cli_bad_input_is_one_line_and_exit_code_2(argv, says, tiny_dir, capsys):
+    argv = (["--model", tiny_dir] if "--model" not in argv else []) + argv
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+def test_cli_bad_input_as_a_process(tmp_path):
+    proc = subprocess.run([sys.executable, "eval.py", "--model", "gpt2", "--out", str(tmp_path / "x.jsonl")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: model 'gpt2'") and proc.stderr.count("\n") == 1
+    proc = subprocess.run([sys.executable, "eval.py", "--n", "two"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr  # argparse's own error
