@@ -15,6 +15,7 @@ import os
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 # Short names -> hub organisation, by prefix: "Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B".
 # [ours] Only the two families the D3S paper trains (Qwen2.5(-Math), Llama 3.1); for anything else
@@ -41,6 +42,7 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
     dtype: "auto" (bfloat16 on a GPU that supports it, else float32), "float32", "bfloat16",
     "float16" or a torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
     """
+    hf_logging.disable_progress_bar()  # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
     device = _device(device)
     dtype = _dtype(dtype, device)
     source, is_folder = _resolve(str(name_or_path), cache_dir)

@@ -48,6 +48,7 @@ WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU c
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
 MAX_NEW_TOKENS = 32    # a full solution is 25 tokens with its <eos>
+VERSION = 2            # of the warmed-up folder: pretrained() rebuilds a folder made by another version
 
 
 # -----------------------------------------------------------------------------
@@ -155,12 +156,15 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
 
 def pretrained(path="out/tiny", seed=0, log=print):
     """The warmed-up tiny model as an HF folder at `path`: built (and saved) once, then reused."""
-    if os.path.isfile(os.path.join(path, "tiny.json")):
-        return path
+    marker = os.path.join(path, "tiny.json")
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            if json.load(f).get("version") == VERSION:
+                return path
     log(f"building the tiny world's warmed-up model in {path} (once, ~30 s on a laptop)")
     model, tokenizer = warmup(seed=seed, log=log)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     with open(os.path.join(path, "tiny.json"), "w") as f:  # written last: marks the folder complete
-        json.dump({"seed": seed, "steps": WARMUP_STEPS, "noise": WARMUP_NOISE}, f)
+        json.dump({"version": VERSION, "seed": seed, "steps": WARMUP_STEPS, "noise": WARMUP_NOISE}, f)
     return path

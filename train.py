@@ -104,10 +104,15 @@ WORLD_DEFAULTS = {
 }
 
 
+def is_tiny(model):
+    """The tiny world: "tiny", or a folder that tiny.pretrained wrote (it holds tiny.json)."""
+    return model == "tiny" or os.path.isfile(os.path.join(model, "tiny.json"))
+
+
 def resolve(cfg):
     """Fill the None defaults, check every knob, and return the completed config."""
     cfg = dataclasses.replace(cfg)
-    real = cfg.model != "tiny"
+    real = not is_tiny(cfg.model)
     for name, pair in WORLD_DEFAULTS.items():
         if getattr(cfg, name) is None:
             setattr(cfg, name, pair[real])
@@ -231,6 +236,8 @@ def train(cfg, log=print):
     # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
     autocast = device.startswith("cuda") and cfg.dtype == "auto" and torch.cuda.is_bf16_supported()
     weights = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+    train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)  # data first: a typo fails fast
+    eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
     model, tokenizer = load_model(cfg.model, device=device, dtype=weights)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # frozen initial policy
     if state is not None:  # the policy continues from the checkpoint; the reference stays the initial model
@@ -238,8 +245,6 @@ def train(cfg, log=print):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)
-    eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)  # for the `random` selection control
     start, history, tokens_trained = 0, [], 0
