@@ -207,6 +207,7 @@ def parse_args(argv):
     p.add_argument("--out", default=os.path.join("out", "bench"), help="results folder")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--model", default="tiny", help="tiny, or a model folder (every run starts from it)")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda (default: train.py's, auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores // jobs)")
     for name in PASS_THROUGH:  # None: train.py's default for the world
         kind = int if name in ("steps", "eval_every", "eval_size", "prompts_per_step", "group_size") else float
@@ -230,10 +231,8 @@ def configs(args):
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     knobs = {name: getattr(args, name) for name in PASS_THROUGH if getattr(args, name) is not None}
-    if args.model != "tiny" and os.path.isfile(os.path.join(args.model, "tiny.json")):
-        # [ours] a copy of the tiny world's model: train.resolve keys its world defaults on the name
-        # "tiny", so fill the tiny ones here (data set, batch, lr...) unless given.
-        knobs = {**{k: v[0] for k, v in train.WORLD_DEFAULTS.items()}, **knobs}
+    if args.device is not None:
+        knobs["device"] = args.device
     # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log
     knobs.update(model=args.model, save_every=10 ** 9, progress=False)
     cfgs = [train.Config(method=m, seed=s, out_dir=os.path.join(args.out, "runs", f"{m}-seed{s}"), **knobs)
