@@ -155,11 +155,12 @@ def check(cfg):
 
 def batch_at(problems, step, size, seed):
     """The prompts of a step: a fixed shuffle per epoch, so a resumed run sees the same prompts."""
-    out = []
+    out, epoch_seen = [], None
     for pos in range(step * size, (step + 1) * size):  # the data position is step * size
         epoch, i = divmod(pos, len(problems))
-        order = list(range(len(problems)))
-        random.Random(seed * 1000003 + epoch).shuffle(order)
+        if epoch != epoch_seen:
+            order, epoch_seen = list(range(len(problems))), epoch
+            random.Random(seed * 1000003 + epoch).shuffle(order)
         out.append(problems[order[i]])
     return out
 
@@ -220,11 +221,11 @@ def load_resume(run_dir):
 def train(cfg, log=print):
     """Run (or resume) one training run. Returns the list of held-out evaluations [(step, tokens, accuracy)]."""
     cfg = resolve(cfg)
-    method = d3s.METHODS[cfg.method]
     state = None
-    if cfg.resume:
+    if cfg.resume:  # the run continues with its own saved config
         saved, state = load_resume(cfg.resume)
         cfg = resolve(Config(**{**saved, "resume": cfg.resume, "progress": cfg.progress}))
+    method = d3s.METHODS[cfg.method]
     run_dir = cfg.out_dir
     os.makedirs(run_dir, exist_ok=True)
 
