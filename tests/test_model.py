@@ -68,7 +68,7 @@ def test_offline_hub_id_fails_fast_with_one_line():
     for arg, hub in [("Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B"), ("Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-1.5B")]:
         message = _error(arg)
         assert f"cannot fetch {hub}" in message and "HF_HUB_OFFLINE" in message and "--model DIR" in message
-    assert time.time() - t0 < 5
+    assert time.time() - t0 < 60  # no retry loop against an unreachable hub
 
 
 def test_path_that_does_not_exist(tmp_path):
