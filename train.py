@@ -229,9 +229,7 @@ def train(cfg, log=print):
     run_dir = cfg.out_dir
     os.makedirs(run_dir, exist_ok=True)
 
-    # init: seeds, device, model, data
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    # init: device, data, model, optimizer, then the seeds (building the tiny model draws random numbers)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU:
     # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
@@ -247,6 +245,8 @@ def train(cfg, log=print):
         model.gradient_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # after loading: a run that first builds out/tiny samples what later runs do
     generator = torch.Generator().manual_seed(cfg.seed)  # for the `random` selection control
     start, history, tokens_trained = 0, [], 0
     if state is not None:
