@@ -19,9 +19,9 @@ visibly learns on two CPU cores with no download. `python train.py` uses it by d
   three results decide the answer. That is the situation token-level selection is made for.
 - warmup(): a short supervised warm-up on worked solutions written by a *sloppy teacher* [ours]:
   whenever a step wraps past 9 the teacher adds a spurious +1 (a forgotten carry) with
-  probability WARMUP_NOISE. The warmed-up model inherits the mistake: sampled at T=1 it is right
-  about 30% of the time and greedy decoding is worse (the wrong digit is the more likely one), so RL
-  has right and wrong answers in most groups, and the held-out greedy accuracy has room to climb.
+  probability WARMUP_NOISE. The warmed-up model inherits the mistake: on 200 held-out questions it
+  was right 21.5% of the time sampled at T=1 and 24.0% greedily (measured with this file's defaults),
+  so RL has right and wrong answers in most groups, and the held-out greedy accuracy has room to climb.
   The deciding tokens are exactly the high-entropy ones, which is what D3S's |A|*H score looks for.
 - pretrained(path): the warmed-up model as an ordinary HF folder (save_pretrained), built once and
   reused by later runs; rebuilt when missing.
@@ -77,8 +77,8 @@ def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
         num_attention_heads=4, num_key_value_heads=2, intermediate_size=3 * hidden_size,
         max_position_embeddings=256, tie_word_embeddings=True,
         # [ours] Qwen2's default init (std 0.02) leaves a model this small on a loss plateau for
-        # hundreds of steps (it never learns to look back at the question); std 0.1 learns the
-        # task in ~150 steps.
+        # hundreds of steps (900 in our try: it never learned to look back at the question); with
+        # std 0.1 the loss on clean solutions fell below 0.01 within 200 steps.
         initializer_range=0.1,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
