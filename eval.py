@@ -2,7 +2,7 @@
 Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pass@j with sampling.
 
     python eval.py --model tiny --benchmarks tiny                                   # offline, seconds
-    python eval.py --model out/d3s-Qwen2.5-0.5B/final --benchmarks all              # greedy pass@1
+    python eval.py --model out/d3s-Qwen2.5-0.5B/checkpoint --benchmarks all         # greedy pass@1
     python eval.py --model Qwen2.5-Math-1.5B --benchmarks aime24,amc23 --n 8 --temperature 0.6
     python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir ../shared/data
 
@@ -198,7 +198,7 @@ def benchmark_names(arg):
 
 
 def default_out(model_arg):
-    """out/eval/<model>.jsonl, the model argument made into a file name: out/run/final -> out_run_final."""
+    """out/eval/<model>.jsonl, the model argument made into a file name: out/run/checkpoint -> out_run_checkpoint."""
     parts = [p for p in os.path.normpath(model_arg).replace("\\", "/").split("/") if p not in ("", ".", "..")]
     return os.path.join("out", "eval", "_".join(parts) + ".jsonl")
 
