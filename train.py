@@ -165,7 +165,7 @@ def batch_at(problems, step, size, seed):
     return out
 
 
-def masked_var(x):
+def pop_var(x):
     """Population variance of a 1-D tensor (0 for fewer than 2 values)."""
     return x.var(unbiased=False).item() if x.numel() > 1 else 0.0
 
@@ -317,9 +317,9 @@ def train(cfg, log=print):
             mbs = [slice(s, s + cfg.micro_batch_size) for s in range(0, N, cfg.micro_batch_size)]
             need_scores = method["token"] != "none"
 
-            def forward(sl, with_entropy=True):
+            def forward(sl, with_entropy=True, policy=model):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                    return token_logprobs(model, kept.input_ids[sl], kept.attention_mask[sl], kept.completion_start,
+                    return token_logprobs(policy, kept.input_ids[sl], kept.attention_mask[sl], kept.completion_start,
                                           cfg.temperature, with_entropy=with_entropy, chunk_size=cfg.logprob_chunk)
 
             entropy, first = None, None
@@ -347,11 +347,9 @@ def train(cfg, log=print):
                 logp, ent = first if i == 0 and first is not None else forward(sl, with_entropy=entropy is None)
                 pieces.append(ent)
                 ref_logp = None
-                if ref_model is not None:
-                    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                        ref_logp, _ = token_logprobs(ref_model, kept.input_ids[sl], kept.attention_mask[sl],
-                                                     kept.completion_start, cfg.temperature, with_entropy=False,
-                                                     chunk_size=cfg.logprob_chunk)
+                if ref_model is not None:  # the frozen initial policy, for the k3 KL term
+                    with torch.no_grad():
+                        ref_logp, _ = forward(sl, with_entropy=False, policy=ref_model)
                 # on-policy, one update per batch: old_logp = logp.detach(), the ratio is 1 (D3S.md, "Loss")
                 loss, st = d3s.policy_loss(logp, logp.detach(), adv_kept[sl], token_mask[sl], num_tokens,
                                            loss=cfg.loss, eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
@@ -381,7 +379,7 @@ def train(cfg, log=print):
                 "step": step, "reward": rewards.mean().item(), "zero_var": zero_var,
                 "kept": N, "rollouts": len(rewards), "tokens": num_tokens, "valid": int(valid.sum()),
                 "valid_all": int(ro.completion_mask.sum()),
-                "var_adv": masked_var(adv), "var_kept": masked_var(adv_kept),
+                "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
                 "entropy": entropy[valid].mean().item(), "length": ro.lengths.float().mean().item(),
                 "truncated": ro.truncated.float().mean().item(), "no_answer": rstats["no_answer"],
                 "loss": loss_sum, "grad_norm": grad_norm.item(), "clip_frac": clip_sum, "ratio": ratio_sum,
