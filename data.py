@@ -28,7 +28,8 @@ plus AIME 2025):
   amc23          test 40 (AMC 2023)
   minerva        test 272 (Minerva math)
   olympiadbench  test 675 (OlympiadBench, English, text-only, open-ended math)
-  tiny           the lead's offline synthetic arithmetic world (tiny.py)
+  tiny           the lead's offline synthetic arithmetic world (tiny.py); tiny-* are its harder
+                 worlds (tiny.WORLDS)
 The benchmarks only have a test split; asking for another split is an error that lists the splits.
 """
 import json
@@ -95,9 +96,9 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"load_problems: limit must be None or an integer >= 0, got {limit!r}")
     name = str(name_or_path)
-    if name == "tiny":
+    if name == "tiny" or (name.startswith("tiny-") and not name.endswith(".jsonl")):
         import tiny  # imported here: the tiny world is the lead's, and needs torch
-        return tiny.problems(split, limit)
+        return tiny.problems(split, limit, terms=tiny.world(name)["terms"])  # a named world (tiny.WORLDS)
     if name in SPLITS:
         if split not in SPLITS[name]:
             raise ValueError(f"load_problems: {name} has no split {split!r}; its splits: "

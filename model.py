@@ -63,9 +63,10 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
 
 def _resolve(name, cache_dir):
     """(folder or hub id to load from, whether it is a local folder)."""
-    if name == "tiny":
+    if name == "tiny" or (name.startswith("tiny-") and not os.path.isdir(name)):  # a tiny world by name (tiny.WORLDS), built once
         import tiny  # imported here: only the tiny world needs it
-        return tiny.pretrained(os.path.join(cache_dir, "tiny")), True
+        tiny.world(name)  # an unknown world is a one-line error
+        return tiny.pretrained(os.path.join(cache_dir, name), name=name), True
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ValueError(f"model folder {name} has no config.json; pass a folder written by "

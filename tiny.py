@@ -50,6 +50,12 @@ WARMUP_LR = 1e-3
 MAX_NEW_TOKENS = 32    # a full solution is 25 tokens with its <eos>
 VERSION = 2            # of the warmed-up folder: pretrained() rebuilds a folder made by another version
 
+# The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is the
+# default world, built from the constants above; harder ones vary the chain length and the warm-up.
+WORLDS = {
+    "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
+}
+
 
 # -----------------------------------------------------------------------------
 # tokenizer and model
@@ -110,13 +116,31 @@ def _is_test(question):
     return int(hashlib.sha256(question.encode()).hexdigest(), 16) % TEST_SHARE == 0
 
 
-def problems(split="train", limit=None, seed=0):
+def world(name):
+    """The settings of a named world (WORLDS), or a one-line ValueError that lists the names."""
+    if name not in WORLDS:
+        raise ValueError(f"unknown tiny world {name!r}; the worlds are {', '.join(WORLDS)}")
+    return WORLDS[name]
+
+
+def world_of(model):
+    """The world name of a model argument: a name in WORLDS, or a folder pretrained() wrote; else None."""
+    if model in WORLDS:
+        return model
+    marker = os.path.join(str(model), "tiny.json")
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            return json.load(f).get("world", "tiny")  # folders of before the named worlds are "tiny"
+    return None
+
+
+def problems(split="train", limit=None, seed=0, terms=NUM_TERMS):
     """All questions of a split as {"prompt", "answer"} rows, shuffled by `seed` (deterministic)."""
     if split not in ("train", "test"):
         raise ValueError(f"tiny has splits train and test, got split={split!r}")
     rows = []
-    for n in range(10 ** NUM_TERMS):
-        digits = [int(c) for c in str(n).zfill(NUM_TERMS)]
+    for n in range(10 ** terms):
+        digits = [int(c) for c in str(n).zfill(terms)]
         question = "+".join(map(str, digits))
         if _is_test(question) == (split == "test"):
             rows.append({"prompt": question, "answer": str(sum(digits) % 10)})
@@ -127,11 +151,12 @@ def problems(split="train", limit=None, seed=0):
 # -----------------------------------------------------------------------------
 # warm-up
 
-def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE, log=print):
+def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE, terms=NUM_TERMS,
+           log=print):
     """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model, tokenizer)."""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
-    train = problems("train", seed=seed)
+    train = problems("train", seed=seed, terms=terms)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -154,17 +179,21 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
     return model, tokenizer
 
 
-def pretrained(path="out/tiny", seed=0, log=print):
-    """The warmed-up tiny model as an HF folder at `path`: built (and saved) once, then reused."""
+def pretrained(path="out/tiny", seed=0, log=print, name="tiny"):
+    """The warmed-up model of world `name` as an HF folder at `path`: built (and saved) once, then reused."""
+    spec = world(name)
+    want = {"version": VERSION, "world": name, "seed": seed, "terms": spec["terms"],
+            "steps": spec["warmup_steps"], "noise": spec["noise"]}
     marker = os.path.join(path, "tiny.json")
     if os.path.isfile(marker):
         with open(marker) as f:
-            if json.load(f).get("version") == VERSION:
-                return path
-    log(f"building the tiny world's warmed-up model in {path} (once, ~30 s on a laptop)")
-    model, tokenizer = warmup(seed=seed, log=log)
+            have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}  # older folders: the default world
+        if all(have.get(k) == v for k, v in want.items() if k != "seed"):
+            return path
+    log(f"building the {name} world's warmed-up model in {path} (once, ~30 s on a laptop)")
+    model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"], terms=spec["terms"], log=log)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    with open(os.path.join(path, "tiny.json"), "w") as f:  # written last: marks the folder complete
-        json.dump({"version": VERSION, "seed": seed, "steps": WARMUP_STEPS, "noise": WARMUP_NOISE}, f)
+    with open(marker, "w") as f:  # written last: marks the folder complete
+        json.dump(want, f)
     return path

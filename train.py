@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 import d3s
+import tiny
 from data import format_prompt, load_problems
 from eval import evaluate
 from model import load_model
@@ -66,8 +67,11 @@ class Config:
     temperature: float = 1.0                # sampling temperature; log-probs and entropy use softmax(logits / T)
     top_p: float = 1.0                      # nucleus sampling (1 = plain softmax sampling)
     # the update
-    lr: Optional[float] = None              # AdamW learning rate (constant)
-    weight_decay: float = 0.0               # AdamW weight decay
+    optimizer: str = "adamw"                # adamw | sgd (with momentum): the study compares the two
+    lr: Optional[float] = None              # learning rate (constant)
+    momentum: float = 0.9                   # SGD momentum (--optimizer sgd only)
+    weight_decay: float = 0.0               # weight decay
+    updates_per_batch: int = 1              # K optimizer steps per rollout batch (K mini-batches)
     grad_clip: float = 1.0                  # clip the gradient norm to this (0 = off)
     clip_eps_low: Optional[float] = None    # ratio clip 1 - eps_low; None: 0.2 for grpo, 3e-4 for gspo (GSPO paper)
     clip_eps_high: Optional[float] = None   # ratio clip 1 + eps_high; None: 0.2 for grpo, 4e-4 for gspo
@@ -105,8 +109,8 @@ WORLD_DEFAULTS = {
 
 
 def is_tiny(model):
-    """The tiny world: "tiny", or a folder that tiny.pretrained wrote (it holds tiny.json)."""
-    return model == "tiny" or os.path.isfile(os.path.join(model, "tiny.json"))
+    """A tiny world: a name in tiny.WORLDS, or a folder that tiny.pretrained wrote (it holds tiny.json)."""
+    return tiny.world_of(model) is not None
 
 
 def resolve(cfg):
@@ -116,6 +120,8 @@ def resolve(cfg):
     for name, pair in WORLD_DEFAULTS.items():
         if getattr(cfg, name) is None:
             setattr(cfg, name, pair[real])
+    if cfg.dataset == "tiny" and not real:
+        cfg.dataset = tiny.world_of(cfg.model)  # a harder world trains on its own questions
     cfg.eval_dataset = cfg.eval_dataset or cfg.dataset
     gspo = cfg.loss == "gspo"
     cfg.clip_eps_low = cfg.clip_eps_low if cfg.clip_eps_low is not None else (3e-4 if gspo else 0.2)
@@ -145,6 +151,8 @@ def check(cfg):
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
     must(0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
+    must(cfg.updates_per_batch == 1, "--updates_per_batch > 1 is not implemented yet")  # being built
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
 
@@ -244,7 +252,10 @@ def train(cfg, log=print):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)  # after loading: a run that first builds out/tiny samples what later runs do
     generator = torch.Generator().manual_seed(cfg.seed)  # for the `random` selection control

@@ -72,7 +72,7 @@ def test_table_matches_results_json_and_the_runs_logs(benched):
         assert t["t_gen"] == round(sum(r["t_gen"] for r in log) / 2, 2)
         assert t["t_upd"] == round(sum(r["t_upd"] for r in log) / 2, 2)
         run = next(r for r in res["runs"] if r["method"] == m)
-        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4)
+        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)  # printed with 3 decimals: 0.1875 -> "0.188"
         assert [h["step"] for h in run["history"]] == [0, 1, 2]
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.25 -> 0.75
     assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 2 + 6
