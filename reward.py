@@ -5,11 +5,23 @@ D3S step 2 (../shared/D3S.md): r_i in {0, 1}, 1 when the final answer in the com
 reference answer; parse failures score 0 and are counted. Three public functions, in the order the
 training loop meets them:
 
-    extract_answer(text) -> str | None      the final answer written in a completion
-    grade(text, reference) -> float         1.0 right, 0.0 wrong or no answer
-    score(completions, references)          the batch version, with counts of what happened
+    extract_answer(text, truncated=False) -> str | None   the final answer written in a completion
+    grade(text, reference, truncated=False) -> float      1.0 right, 0.0 wrong or no answer
+    score(completions, references, truncated=None)        the batch version, with counts of what happened
 
 plus last_boxed(text), which data.py also uses to read MATH's reference answers out of solutions.
+
+Truncated completions [ours]. A rollout that hit max_new_tokens without a stop token (rollout.py's
+`truncated`) is graded only on an explicit, finished answer: a closed \boxed{...}, or a `####`
+number whose line has ended. "The answer is ..." and the last number anywhere do not count for it.
+Those two fallbacks are for completions that ended on their own; in one cut off mid-reasoning, the
+last number is whatever intermediate result came last, and it equals the reference often enough
+(a repeated quantity, a partial sum) to matter. In D3S terms: such a rollout would get r_i = 1 and,
+in a group with wrong answers, a positive advantage A_i = (r_i - mean) / std; D3S's sample level
+keeps exactly the high-|A| rollouts and its token level the high-|A| x entropy tokens, so it would
+reinforce rambling up to the token limit. Under the rule it gets r_i = 0: a negative advantage in a
+group where some rollout answered correctly (the policy is pushed to finish and answer), and no
+signal (A = 0) in a group where all are wrong. A truncated rollout that did box its answer keeps it.
 
 Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, and those
 compare as exact fractions in pure Python, in microseconds. Everything else (LaTeX, expressions,
@@ -31,7 +43,7 @@ from math_verify import parse, verify
 # -----------------------------------------------------------------------------
 # Limits. The grader must return within a second on any completion.
 
-REL_TOL = 1e-6            # numbers equal when |a - b| <= REL_TOL * max(|a|, |b|) [ours]
+REL_TOL = 1e-6            # a rounded decimal equals a fraction when |a - b| <= REL_TOL * max(|a|, |b|) [ours]
 MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53 [ours]
 MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only [ours]
 DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison [ours]
@@ -55,10 +67,21 @@ def last_boxed(text):
     mid-answer) gives None rather than an earlier box: the model had not finished answering.
     data.py uses this to read MATH's reference answers out of its solutions.
     """
-    starts = [m.end() for m in _BOX.finditer(text)]
-    if not starts:
+    last = None
+    for last in _BOX.finditer(text):
+        pass
+    if last is None:
         return None
-    i = starts[-1]
+    box = _box_content(text, last.end())
+    return None if box is None else box[0]
+
+
+def _box_content(text, i):
+    """(content, runs_to_end) of the box whose command ends at text[i], or None if it never closes.
+
+    runs_to_end: a brace-less box (`\\boxed 5`) whose content stops only at the end of the text, so
+    a completion cut off there may have lost the rest of it ("5" of "56").
+    """
     n = len(text)
     j = i
     while j < n and text[j] in " \t":
@@ -75,11 +98,11 @@ def last_boxed(text):
             elif c == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[j + 1:k]
+                    return text[j + 1:k], False
             k += 1
         return None  # unbalanced: cut off before the box closed
     m = _BARE.match(text, j)
-    return m.group(0) if m else None
+    return (m.group(0), m.end() == n) if m else None
 
 
 # A number as people write one in running text: -12, 1,234.5, .5, 3/4. A minus sign counts only
@@ -89,8 +112,11 @@ _HASHES = "####"
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 # "$18." or "$18 each" is money, not the start of a $...$ span: a number after the `$` that is
-# followed by neither the closing `$` nor anything mathematical.
-_CURRENCY = re.compile(r"\$(?>\d[\d,]*(?:\.\d+)?)(?![\d$\\^_{}/*+=A-Za-z])")
+# followed by neither the closing `$` nor anything mathematical. The whole number must be followed so,
+# not a prefix of it ("$1," of "$1,000$", "$18" of "$18.5$"): the lookahead captures the longest number
+# and \1 consumes exactly that, with no backtracking into it. (An atomic group `(?>...)` says the same
+# but needs Python 3.11; a lookahead is atomic in every version.)
+_CURRENCY = re.compile(r"\$(?=(\d[\d,]*(?:\.\d+)?))\1(?![\d$\\^_{}/*+=A-Za-z])")
 
 
 def _first_number(text, start, stop=None):
@@ -98,31 +124,48 @@ def _first_number(text, start, stop=None):
     return m.group(0) if m else None
 
 
-def extract_answer(text):
+def _check_truncated(truncated):
+    if truncated not in (True, False):  # also lets numpy / tensor bools through
+        raise ValueError(f"truncated must be True or False, got {truncated!r}; pass rollouts.truncated, "
+                         f"one flag per completion")
+
+
+def extract_answer(text, truncated=False):
     """The final answer written in a completion, as a string, or None when there is none.
 
     In this order (the first that applies wins):
-    1. the content of the last \\boxed{...} / \\fbox{...} (the instruction asks for one);
+    1. the content of the last non-empty \\boxed{...} / \\fbox{...} (the instruction asks for one);
     2. the number after the last `####` (GSM8K's own format);
     3. what follows the last "the answer is": a $...$ / \\(...\\) span right after it, else the
        first number on the rest of that line;
     4. the last number anywhere in the text.
-    [ours] A last \\boxed that never closes (cut off at max_new_tokens) gives None, not rule 2-4:
-    the model had not finished writing its answer, and the last number before the cut is a guess.
-    An empty \\boxed{} is no answer either.
+    [ours] An empty box (`\\boxed{}`, `\\boxed{ $ $ }`: a model repeating the instruction) is skipped
+    as if it were not there, so an earlier real box, or rules 2-4, still find the answer. A box that
+    never closes (cut off at max_new_tokens) gives None, not an earlier box or rules 2-4: the model
+    had not finished writing its answer, and the last number before the cut is a guess.
+    truncated: the completion hit max_new_tokens without a stop token. Then only rules 1 and 2
+    apply, and rule 2 only when the `####` line has ended (a newline follows its number), since the
+    number itself may have been cut ("1,0" of "1,080"); likewise a brace-less box must not run into
+    the end of the text. See the module docstring for what this does to rewards and advantages.
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}; decode the completion first")
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed.strip() or None
-    if _BOX.search(text):
-        return None  # the last box never closed
+    _check_truncated(truncated)
+    for box in reversed(list(_BOX.finditer(text))):  # the last box first
+        content = _box_content(text, box.end())
+        if content is None:
+            return None  # this box never closed: cut off mid-answer
+        content, runs_to_end = content
+        if _canonical(content):
+            return None if truncated and runs_to_end else content.strip()
+        # an empty box: try the one before it
     i = text.rfind(_HASHES)
     if i >= 0:
-        num = _first_number(text, i + len(_HASHES))
-        if num is not None:
-            return num
+        m = _NUMBER.search(text, i + len(_HASHES))
+        if m and not (truncated and text.find("\n", m.end()) < 0):
+            return m.group(0)
+    if truncated:
+        return None  # no explicit, finished answer: rules 3 and 4 are for completions that ended
     matches = list(_ANSWER_IS.finditer(text))
     if matches:
         j = matches[-1].end()
@@ -150,37 +193,65 @@ _NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
 # Unit-like decorations of a number: degrees, percent, a \text{...} or \mbox{...} of words.
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _UNIT_TEXT = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?")
+# Any other text box is unwrapped: \text{18 dollars} is "18 dollars".
+_TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
 _PLAIN = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"
 # A plain number, optionally followed by unit words ("18 dollars", "15 cm^2"; not "5 x"), optionally after
-# "x ="; or a fraction of two integers written as a/b or \frac{a}{b} / \frac ab.
-_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:\s+[A-Za-z]{{2,}})*(?:\^\d)?\.?")
+# "x ="; or a fraction of two integers written as a/b or \frac{a}{b} / \frac ab. An exponent belongs to
+# a unit only when a unit precedes it: "2^3" is no plain number (math-verify evaluates it to 8).
+_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:(?:\s+[A-Za-z]{{2,}})+(?:\^\d)?)?\.?")
 _AS_SLASH = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*({_PLAIN})\s*/\s*({_PLAIN})\.?")
 _AS_FRAC = re.compile(r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\.?")
 
 
 def _as_number(s):
-    """The exact value of s as a Fraction when s is a plain number (units, $, %, commas and
-    degrees allowed), else None. This is the fast path: no sympy, a few microseconds."""
+    """(exact value as a Fraction, written with decimals) when s is a plain number (units, $, %,
+    commas and degrees allowed), else None. This is the fast path: no sympy, a few microseconds."""
     if len(s) > 60:
         return None  # no plain number is this long; also keeps int() below its digit limit
     s = _NOISE.sub("", s.replace("\\$", "")).replace("{,}", ",").replace("\\%", "").replace("%", "")
-    s = _DEGREES.sub("", _UNIT_TEXT.sub("", s)).strip()
+    s = _TEXT_BOX.sub(r"\1", _DEGREES.sub("", _UNIT_TEXT.sub("", s))).strip()
     s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
     m = _AS_NUMBER.fullmatch(s)
     if m:
-        return Fraction(m.group(1).replace(",", ""))
+        return Fraction(m.group(1).replace(",", "")), _DECIMALS.search(m.group(1)) is not None
     m = _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s)
     if m:
         g = [x for x in m.groups()[1:] if x is not None]
         num, den = Fraction(g[0].replace(",", "")), Fraction(g[1].replace(",", ""))
         if den == 0:
             return None
-        return -num / den if m.group(1) == "-" else num / den
+        return (-num / den if m.group(1) == "-" else num / den), any(_DECIMALS.search(x) for x in g)
     return None
 
 
+_DECIMALS = re.compile(r"\.\d")  # "0.5", ".5"; not "5." (an integer with a full stop)
+
+
 def _numbers_equal(a, b):
-    return a == b or abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+    """Two plain numbers from _as_number, each (value, written with decimals), compared.
+
+    Exactly, as fractions: integers (1000001 is not 1000000), exact decimals (0.1 = 1/10, 18.50 =
+    18.5) and fractions of integers. [ours] The one exception: a number written with decimals
+    against a fraction that has no finite decimal expansion (1/3, 2/7: a denominator with a prime
+    factor other than 2 and 5). That decimal can only be a rounding, so it is equal within the relative
+    tolerance REL_TOL (0.3333333 = 1/3, 0.3333 is not). Two decimals never get the tolerance: each
+    is exactly what it says.
+    """
+    (x, x_decimal), (y, y_decimal) = a, b
+    if x == y:
+        return True
+    rounded = (x_decimal and not _terminates(y)) or (y_decimal and not _terminates(x))
+    return rounded and abs(x - y) <= REL_TOL * max(abs(x), abs(y))
+
+
+def _terminates(q):
+    """True when the Fraction q has a finite decimal expansion: its denominator is 2^i 5^j."""
+    d = q.denominator
+    for p in (2, 5):
+        while d % p == 0:
+            d //= p
+    return d == 1
 
 
 def _canonical(s):
@@ -196,6 +267,7 @@ _HUGE = re.compile(
     r"\^\s*\{?\s*[+-]?\d{4,}"          # an exponent of 1000 or more
     r"|\^\s*\{[^{}]*\^"               # a tower a^{b^c}
     r"|\d{4,}\s*!|\\binom\s*\{?\s*\d{4,}"  # a factorial or binomial of 1000 or more
+    r"|[\w)}\]]\s*!\s*!"                 # n!!: math-verify reads (n!)!, and 5!!! is (120!)!
     r"|\*\*"                           # python-style power: the same risks, unparsed by LaTeX rules
 )
 
@@ -268,10 +340,10 @@ def _symbolic_equal(answer, reference):
     return _with_deadline(run, DEADLINE_S)
 
 
-def _judge(text, reference):
+def _judge(text, reference, truncated):
     """(reward, outcome) for one completion; outcome is one of "correct", "wrong", "no_answer",
     "timeout" (math-verify ran out of time) or "error" (math-verify failed); the last two score 0."""
-    answer = extract_answer(text)
+    answer = extract_answer(text, truncated)
     if answer is None:
         return 0.0, "no_answer"
     a, b = _as_number(answer), _as_number(reference)
@@ -305,32 +377,42 @@ def _check_reference(reference):
 # -----------------------------------------------------------------------------
 # The grader
 
-def grade(text, reference):
+def grade(text, reference, truncated=False):
     """1.0 when the final answer in the completion `text` equals `reference`, else 0.0.
 
-    Numbers compare as numbers (1,000 = 1000.0 = $1000 = 1000 dollars; 3/4 = 0.75; 25% = 25),
-    everything else through math-verify (\\frac12 = 0.5, (x+1)^2 = x^2+2x+1, intervals, tuples,
-    \\text{}). Never raises and returns within a second for any completion text. A text that is
-    not a str, or a reference that is not a non-empty str or number, is a bug in the caller and
-    raises ValueError.
+    Plain numbers compare exactly, as fractions (1,000 = 1000.0 = $1000 = \\text{1000 dollars};
+    3/4 = 0.75; 25% = 25; 1000001 != 1000000), with a relative tolerance only where a decimal
+    stands for a fraction it cannot write exactly (0.3333333 = 1/3; see _numbers_equal).
+    Everything else goes through math-verify (\\frac12 = 0.5, 2^3 = 8, (x+1)^2 = x^2+2x+1,
+    intervals, tuples, \\text{}). truncated: the completion hit max_new_tokens without a stop token,
+    so only an explicit, finished answer counts (extract_answer). Never raises and returns within a
+    second for any completion text. A text that is not a str, a reference that is not a non-empty
+    str or number, or a truncated that is not a bool is a bug in the caller and raises ValueError.
     """
-    return _judge(text, _check_reference(reference))[0]
+    return _judge(text, _check_reference(reference), truncated)[0]
 
 
-def score(completions, references):
-    """Grade a batch: rewards[i] = grade(completions[i], references[i]).
+def score(completions, references, truncated=None):
+    """Grade a batch: rewards[i] = grade(completions[i], references[i], truncated[i]).
 
-    Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer (no extractable
-    answer: D3S.md's parse failures), timeout (math-verify ran out of time), error (math-verify
-    failed), accuracy (correct / n).
+    truncated: one bool per completion (train.py passes rollouts.truncated.tolist()), or None when
+    none was cut off. Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer
+    (no extractable answer: D3S.md's parse failures, truncated completions without an explicit
+    answer included), timeout (math-verify ran out of time), error (math-verify failed), accuracy
+    (correct / n).
     """
     if len(completions) != len(references):
         raise ValueError(f"completions and references must have the same length, got "
                          f"{len(completions)} and {len(references)}; repeat each reference group_size times")
+    if truncated is None:
+        truncated = [False] * len(completions)
+    if len(truncated) != len(completions):
+        raise ValueError(f"truncated must have one flag per completion, got {len(truncated)} for "
+                         f"{len(completions)} completions; pass rollouts.truncated.tolist()")
     stats = {"n": len(completions), "correct": 0, "no_answer": 0, "timeout": 0, "error": 0}
     rewards = []
-    for text, reference in zip(completions, references):
-        reward, outcome = _judge(text, _check_reference(reference))
+    for text, reference, cut in zip(completions, references, truncated):
+        reward, outcome = _judge(text, _check_reference(reference), cut)
         rewards.append(reward)
         if outcome != "wrong":
             stats[outcome] += 1

@@ -1,7 +1,10 @@
 """Tests for reward.py: answer extraction, grading (hand-written table, real GSM8K / MATH-500
 references, adversarial completions) and the batch scorer."""
 import json
+import random
+import re
 import signal
+import sys
 import threading
 import time
 
@@ -59,11 +62,64 @@ def test_last_boxed(text, expected):
     (".5 or 0.25", "0.25"),
     (r"I will put it in \boxed{12", None),                      # [ours] a cut-off box is no answer
     (r"\boxed{ }", None),                                       # an empty box is no answer
+    (r"put it in \boxed{}. So \boxed{5}", "5"),                  # an empty box is skipped: an earlier
+    (r"\boxed{5}, as asked in \boxed{}", "5"),                   #   or a later real one counts
+    (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  #   spacing and math mode are empty too
+    (r"answer in \boxed{}. 3 + 4 = 7", "7"),                    #   as if it were not there at all
     ("no numbers here", None),
     ("", None),
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+# -----------------------------------------------------------------------------
+# Truncated completions: only an explicit, finished answer counts
+
+TRUNCATED = [  # (completion cut off at max_new_tokens, its answer when truncated, when not)
+    (r"First 3 + 4 = 7, so \boxed{7} is it. Let me double-check: 3", "7", "7"),
+    ("3 + 4 = 7\n#### 7\nQuestion: what is", "7", "7"),
+    ("Step 1: 3 + 4 = 7. Step 2: 7 * 2 = 1", None, "1"),              # the last number: a guess
+    ("Step 1: 3 + 4 = 7. Step 2: 7", None, "7"),
+    ("So the answer is 7 if we ignore the second st", None, "7"),      # "the answer is": mid-thought
+    ("The answer is $7$ unless", None, "7"),
+    ("#### 1,0", None, "1"),                                           # the number itself may be cut
+    ("#### 7", None, "7"),                                             #   (7, 75, 7.5, 7/8, ...)
+    ("#### 7 dollars and", None, "7"),                                 #   its line never ended
+    (r"so \boxed 7", None, "7"),                                        # a brace-less box, cut the same way
+    (r"so \boxed 7 and more", "7", "7"),
+    (r"put it in \boxed{}. The answer is 7", None, "7"),              # an empty box is no answer
+    (r"\boxed{7} and then \boxed{1", None, None),                     # a box cut off mid-answer
+    ("", None, None),
+]
+
+
+@pytest.mark.parametrize("text, cut, whole", TRUNCATED)
+def test_truncated_completions_need_an_explicit_answer(text, cut, whole):
+    assert extract_answer(text, truncated=True) == cut
+    assert extract_answer(text) == extract_answer(text, truncated=False) == whole
+    reference = whole or "7"
+    assert grade(text, reference, truncated=True) == (0.0 if cut is None else grade(text, reference))
+
+
+def test_truncation_flag_is_checked():
+    for bad in ["yes", None, 2]:
+        with pytest.raises(ValueError, match="truncated"):
+            extract_answer("#### 7", truncated=bad)
+        with pytest.raises(ValueError, match="truncated"):
+            grade("#### 7", "7", truncated=bad)
+    with pytest.raises(ValueError, match="truncated"):
+        score(["#### 7"], ["7"], truncated=[True, False])  # one flag per completion
+
+
+def test_score_with_truncation_flags():
+    completions = ["3 + 4 = 7", "3 + 4 = 7", r"\boxed{7} but wait", "#### 7\nQ", "#### 7"]
+    rewards, stats = score(completions, ["7"] * 5, truncated=[False, True, True, True, True])
+    assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert stats == {"n": 5, "correct": 3, "no_answer": 2, "timeout": 0, "error": 0, "accuracy": 3 / 5}
+    assert score(completions, ["7"] * 5, truncated=None) == score(completions, ["7"] * 5) \
+        == score(completions, ["7"] * 5, truncated=[False] * 5)
+    assert score(completions, ["7"] * 5)[0] == [1.0] * 5
 
 
 # -----------------------------------------------------------------------------
@@ -99,6 +155,16 @@ RIGHT = [
     (r"\boxed{0.75}", r"\frac{3}{4}"),
     (r"\boxed{0.3333333}", r"\frac13"),              # within the relative tolerance
     (r"\boxed{x = -5}", "-5"),
+    (r"\boxed{\text{18 dollars}}", "18"),                # the number inside a \text{}
+    (r"\boxed{\text{18}}", "18"),
+    (r"\boxed{\mbox{1,000 cm}}", "1000"),
+    (r"\boxed{15\text{ cm}^2}", "15"),                   # an exponent after a unit is the unit's
+    (r"\boxed{15 cm^2}", "15"),
+    (r"\boxed{1000000}", "1,000,000"),                   # large integers, exactly
+    (r"\boxed{123456789012345678}", "123456789012345678"),
+    (r"\boxed{0.1}", "1/10"),                            # exact decimals, exactly
+    (r"\boxed{0.1428571}", r"\frac{1}{7}"),              # tolerance: the decimal is a rounded 1/7
+    (r"\boxed{1/3}", 0.3333333333333333),                # ... on either side (a float reference)
     ("27.0", 27.0),                                   # AMC23 stores answers as floats
     # LaTeX and symbolic answers, through math-verify
     (r"\boxed{\frac12}", "0.5"),
@@ -109,6 +175,10 @@ RIGHT = [
     (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
     (r"\boxed{\pi/2}", r"\frac{\pi}{2}"),
     (r"\boxed{10^{3}}", "1000"),
+    (r"\boxed{2^3}", "8"),                               # powers are evaluated, never dropped
+    (r"\boxed{2^{10}}", "1024"),
+    (r"\boxed{-2^2}", "-4"),
+    (r"\boxed{3^2 \text{ cm}}", "9"),
     (r"\boxed{137.5}", r"137 \frac{1}{2}"),
     (r"\boxed{\frac{270}{7}}", r"\frac{270}7\text{ degrees}"),
     (r"\boxed{x^2+2x+1}", "(x+1)^2"),
@@ -136,6 +206,16 @@ WRONG = [
     (r"\boxed{1,000}", "1"),
     (r"\boxed{1,2}", "12"),                          # a pair, not twelve
     (r"\boxed{0.3333}", "1/3"),                      # outside the relative tolerance
+    (r"\boxed{2^3}", "2"),                          # an exponent is not a unit
+    (r"\boxed{2^3}", "6"),
+    (r"\boxed{10^2}", "10"),
+    (r"\boxed{-2^2}", "4"),
+    (r"\boxed{1000001}", "1000000"),                # integers compare exactly: off by one is wrong
+    (r"\boxed{1,000,001}", "1000000"),
+    ("#### 123456789012345679", "123456789012345678"),
+    (r"\boxed{1000000.5}", "1000000"),              # so do exact decimals
+    (r"\boxed{0.3333334}", "0.3333333"),            # two decimals: neither is a rounding of the other
+    (r"\boxed{\text{17 dollars}}", "18"),
     (r"\boxed{1/2}", "0.51"),
     (r"\boxed{5x}", "5"),
     (r"\boxed{5 x}", "5"),                          # one letter is a variable, not a unit
@@ -234,6 +314,7 @@ ADVERSARIAL = {
     "empty": "",
     "power tower": r"\boxed{2^{2^{40}}}",
     "huge factorial": r"\boxed{1000000!}",
+    "iterated factorial": r"\boxed{5!!!}",
     "many dollars": "$" * 100_000,
     "many answer-is": "the answer is " * 20_000,
     "many ####": "####" * 50_000,
@@ -280,6 +361,7 @@ def test_grade_off_the_main_thread():
     cases = [(r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0), (r"\boxed{\frac12}", "0.5", 1.0),
              (r"\boxed{[1,2)}", "[1,2]", 0.0), (r"\boxed{18}", "18", 1.0),
              (ADVERSARIAL["power tower"], "3", 0.0), (ADVERSARIAL["huge factorial"], "3", 0.0),
+             (ADVERSARIAL["iterated factorial"], "3", 0.0),
              (ADVERSARIAL["10,000 nested fractions"], "3", 0.0), (ADVERSARIAL["200 kB of text"], "3", 0.0)]
     results, errors = [], []
 
@@ -297,6 +379,85 @@ def test_grade_off_the_main_thread():
     assert not thread.is_alive() and not errors
     assert [r for r, _ in results] == [want for _, _, want in cases]
     assert all(seconds < 1.0 for _, seconds in results)
+
+
+# -----------------------------------------------------------------------------
+# Fuzz: thousands of random and adversarial strings, seeded
+
+_PIECES = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "{}", "\\frac{", "\\dfrac", "\\sqrt{", "^", "^{", "_",
+           "\\text{", "\\mbox{ ", "\\left(", "\\right)", "\\!", "\\,", "{,}", "$", "$$", "\\$", "\\(", "\\)",
+           "\\[", "\\]", "####", "#### ", "the answer is ", "The final answer is: ", "\\circ", "%", "\\%",
+           "-", "+", "*", "**", "/", ".", ",", "=", "x", "y", "\\pi", "\\infty", "(", ")", "[", "]", "!",
+           "\\binom", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\", "&", " ", "\n", "\t", "dollars", "cm",
+           "0", "1", "7", "9", "12", "1,000", "3.14", "0.5", "1/2", "1e9", "9" * 40, "1" + "0" * 400,
+           "é", "∑", "−", "×", "÷", "½", "٣", "日本", "🙂", "\u202e", "\x00", "\ufeff", "\\"]
+_REFERENCES = ["7", "1000000", "0.5", "\\frac{1}{2}", "x^2+1", "(1, 2)", "[0, 1)", "\\text{Evelyn}", "2\\sqrt{3}", "8"]
+
+
+def _fuzz_cases(rng):
+    """Random concatenations of LaTeX and number fragments, plus structured adversarial shapes."""
+    cases = ["".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 40))) for _ in range(1400)]
+    cases += ["".join(chr(rng.randint(1, 0x2FFFF)) for _ in range(rng.randint(1, 200)))  # any code point
+              for _ in range(300)]
+    for _ in range(40):
+        k = rng.randint(1, 3000)
+        cases += [
+            "\\boxed{" + "{" * k + "7" + "}" * rng.randint(0, k + 1),            # deep, maybe unbalanced
+            "\\boxed{" + "\\frac{" * k + "1" + "}{2}" * rng.randint(0, k) + "}",
+            "\\boxed{" + str(rng.randint(1, 9)) * k + "}",                      # huge numbers
+            "#### " + "9" * k + "." + "9" * rng.randint(0, k),
+            "\\boxed{" + "2^{" * rng.randint(1, 6) + str(rng.randint(1, 10 ** 6)) + "}" * 6 + "}",
+            "\\boxed{" + str(rng.randint(2, 99)) + "!" * rng.randint(1, 4) + "}",
+            "\\boxed{" + "(x+" * rng.randint(1, 20) + "1" + ")^{9}" * rng.randint(1, 20) + "}",
+            "the answer is " * rng.randint(1, 50) + "$" * rng.randint(0, 50) + "7",
+        ]
+    line = "".join(rng.choice(_PIECES) for _ in range(20000))                  # a very long line
+    cases += [line, line.replace("\n", " "), "\\boxed{" + line + "}", "7 " * 50000]
+    return cases
+
+
+def test_fuzz_never_raises_and_never_hangs(monkeypatch):
+    # No timed assertion: every math-verify call stops at reward.DEADLINE_S on this (main) thread and
+    # the rest is regular expressions and linear scans, so the run is bounded by the grader itself.
+    # The deadline is shortened (the same mechanism, a smaller budget) so that the few dozen cases
+    # sympy cannot finish, nested powers mostly, cost seconds rather than half a minute.
+    monkeypatch.setattr(reward, "DEADLINE_S", 0.05)
+    rng = random.Random(12)
+    cases = _fuzz_cases(rng)
+    assert len(cases) > 2000
+    outcomes = {0.0: 0, 1.0: 0}
+    for text in cases:
+        whole, cut = extract_answer(text), extract_answer(text, truncated=True)
+        assert whole is None or (isinstance(whole, str) and whole.strip() == whole and whole)
+        assert cut is None or cut == whole  # truncation only ever takes an answer away
+        reference = rng.choice(_REFERENCES)
+        r = grade(text, reference, truncated=rng.random() < 0.3)
+        outcomes[r] += 1  # a KeyError here: a reward that is not 0 or 1
+    assert outcomes[1.0] > 0 and outcomes[0.0] > outcomes[1.0]
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+# -----------------------------------------------------------------------------
+# Python 3.10: no atomic groups or possessive quantifiers (3.11+) in reward.py's patterns
+
+@pytest.mark.parametrize("text, money", [
+    ("$18. She", True), ("$18 each", True), ("$1,000 per", True), ("$18.50, so", True), ("$18.", True),
+    ("$18", True), ("$18$", False), ("$18.5$", False), ("$1,000$", False), ("$18^2$", False),
+    ("$18x$", False), ("$18\\%$", False), ("$18/3$", False), ("$18 + 1$", True), ("$x$", False), ("$ 18", False),
+])
+def test_currency_is_money_not_a_math_span(text, money):
+    # a backtracking pattern would match "$1,000$" as "$1," and "$18.5$" as "$18"; this one must not
+    assert bool(reward._CURRENCY.match(text)) == money
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the atomic-group original needs Python 3.11")
+def test_currency_matches_the_atomic_group_it_replaces():
+    atomic = re.compile("\\$(?" + ">\\d[\\d,]*(?:\\.\\d+)?)(?![\\d$\\\\^_{}/*+=A-Za-z])")  # split: not a literal
+    rng = random.Random(0)
+    for _ in range(20000):
+        text = "$" + "".join(rng.choice("12,.$\\^_{}/*+=ax %") for _ in range(rng.randint(0, 8)))
+        ours, theirs = reward._CURRENCY.match(text), atomic.match(text)
+        assert (ours and ours.group(0)) == (theirs and theirs.group(0)), text
 
 
 # -----------------------------------------------------------------------------
