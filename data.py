@@ -16,8 +16,8 @@ Where a named data set comes from, in this order:
   2. the hub, through datasets.load_dataset (the table _SOURCES below).
 If both fail, a one-line ValueError says what was tried and how to supply a local file.
 
-The names and what they mean (the D3S paper trains on MATH and reports the six benchmarks below
-plus AIME 2025):
+The names and what they mean (the D3S paper trains on MATH and reports the seven benchmarks
+below: GSM8K, MATH (as MATH-500), AIME 2024 and 2025, AMC 2023, Minerva, OlympiadBench):
   gsm8k          train 7473 / test 1319 (GSM8K; the answer is the number after '####')
   math           train = the 4500 MATH test problems that are not in MATH-500, the usual training
                  pool that does not overlap the benchmark [ours: the problem texts are matched with
@@ -25,6 +25,7 @@ plus AIME 2025):
                  that pool, so `--data math` trains and evaluates without overlap]
   math500        test 500 (MATH-500)
   aime24         test 30 (AIME 2024)
+  aime25         test 30 (AIME 2025, I and II)
   amc23          test 40 (AMC 2023)
   minerva        test 272 (Minerva math)
   olympiadbench  test 675 (OlympiadBench, English, text-only, open-ended math)
@@ -53,6 +54,10 @@ _SOURCES = {
     ("math5000", "test"): ("math/test.jsonl", "DigitalLearningGmbH/MATH-lighteval", "default", "test"),
     # verified: one split, "train", 30 rows, fields problem/solution/answer
     ("aime24", "test"): ("aime24/test.jsonl", "HuggingFaceH4/aime_2024", None, "train"),
+    # not verified against the hub (no network where this was written): others' code loads
+    # math-ai/aime25's "test" split and reads problem/answer, and its docs say 30 rows (id, problem,
+    # answer), the fields of the local copy
+    ("aime25", "test"): ("aime25/test.jsonl", "math-ai/aime25", None, "test"),
     # not verified: the split name ("test") and the field names of math-ai/amc23 (40 rows)
     ("amc23", "test"): ("amc23/test.jsonl", "math-ai/amc23", None, "test"),
     # verified: split "test", 272 rows, fields question/answer
@@ -67,6 +72,7 @@ SPLITS = {  # the splits each name has
     "math": ("train", "test"),
     "math500": ("test",),
     "aime24": ("test",),
+    "aime25": ("test",),
     "amc23": ("test",),
     "minerva": ("test",),
     "olympiadbench": ("test",),

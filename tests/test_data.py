@@ -35,8 +35,8 @@ def _write_jsonl(path, rows):
 @requires_shared
 @pytest.mark.parametrize("name,split,n", [
     ("gsm8k", "train", 7473), ("gsm8k", "test", 1319), ("math", "train", 4500), ("math", "test", 500),
-    ("math500", "test", 500), ("aime24", "test", 30), ("amc23", "test", 40), ("minerva", "test", 272),
-    ("olympiadbench", "test", 675),
+    ("math500", "test", 500), ("aime24", "test", 30), ("aime25", "test", 30), ("amc23", "test", 40),
+    ("minerva", "test", 272), ("olympiadbench", "test", 675),
 ])
 def test_every_name_loads_with_clean_answers(name, split, n):
     rows = load_problems(name, split, data_dir=DATA)
@@ -84,6 +84,11 @@ def test_benchmark_answers_match_their_raw_fields():
     assert m500[0]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
     aime = load_problems("aime24", "test", data_dir=DATA)
     assert [r["answer"] for r in aime] == [r["answer"] for r in _raw("aime24")] and aime[0]["answer"] == "204"
+    aime25 = load_problems("aime25", "test", data_dir=DATA)
+    raw25 = _raw("aime25")
+    assert [(r["prompt"], r["answer"]) for r in aime25] == [(r["problem"], r["answer"]) for r in raw25]
+    assert aime25[0]["answer"] == "70" and aime25[0]["prompt"].startswith("Find the sum of all integer bases")
+    assert all(0 <= int(r["answer"]) <= 999 for r in aime25)  # AIME answers are integers 0-999
     amc = load_problems("amc23", "test", data_dir=DATA)
     assert [r["answer"] for r in amc] == [str(int(r["answer"])) for r in _raw("amc23")]  # 27.0 -> "27"
     assert amc[0]["answer"] == "27"
@@ -156,7 +161,7 @@ def _one_line_error(*args, **kwargs):
 
 def test_bad_inputs_give_one_line_errors(tmp_path):
     msg = _one_line_error("gsm9k")
-    assert "'gsm9k'" in msg and "gsm8k, math, math500, aime24, amc23, minerva, olympiadbench, tiny" in msg
+    assert "'gsm9k'" in msg and "gsm8k, math, math500, aime24, aime25, amc23, minerva, olympiadbench, tiny" in msg
     msg = _one_line_error(str(tmp_path / "missing.jsonl"))
     assert str(tmp_path / "missing.jsonl") in msg and ".jsonl" in msg
     msg = _one_line_error("aime24")  # default split "train" does not exist for a benchmark
@@ -177,6 +182,21 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"question": "q", "answer": "1"}\n{not json\n', encoding="utf-8")
     assert "line 2" in _one_line_error(path)
+
+
+def test_aime25_local_copy_first_then_its_hub_id(tmp_path, monkeypatch):
+    _write_jsonl(tmp_path / "aime25" / "test.jsonl", [{"problem": "Find x.", "answer": "70"}])
+    assert load_problems("aime25", "test", data_dir=tmp_path) == [{"prompt": "Find x.", "answer": "70", "id": 0}]
+    import datasets
+    calls = []
+
+    def offline(hub_id, config=None, split=None):
+        calls.append((hub_id, config, split))
+        raise ConnectionError("no network")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    msg = _one_line_error("aime25", "test", data_dir=tmp_path / "elsewhere")
+    assert calls == [("math-ai/aime25", None, "test")]
+    assert "math-ai/aime25" in msg and "aime25/test.jsonl" in msg
 
 
 def test_hub_offline_without_local_copy_fails_fast_in_one_line(tmp_path):
