@@ -1,12 +1,19 @@
 """
 D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow one GPU.
 
-    python trl_d3s.py --model Qwen/Qwen2.5-0.5B --output_dir out/trl-d3s --max_steps 200 \\
-        --per_device_train_batch_size 16 --gradient_accumulation_steps 16 --logging_steps 1   # one GPU
-    accelerate launch --num_processes 8 trl_d3s.py --model Qwen/Qwen2.5-0.5B --output_dir out/trl-d3s \\
-        --max_steps 200 --per_device_train_batch_size 16 --gradient_accumulation_steps 2 --logging_steps 1
-    python trl_d3s.py --model tiny --dataset tiny --use_cpu true --bf16 false --max_steps 20 \\
-        --per_device_train_batch_size 32 --max_completion_length 32 --learning_rate 1e-4      # the tiny world
+    # one GPU: train.py's real-model step, 32 prompts x 8 = 256 rollouts, in 4 micro-batches
+    python trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
+        --max_steps 200 --per_device_train_batch_size 64 --gradient_accumulation_steps 4 \
+        --num_generations 8 --max_completion_length 512 --learning_rate 1e-6 --logging_steps 1
+    # 8 GPUs: the same 256 rollouts a step, 32 per process, one micro-batch each
+    accelerate launch --num_processes 8 trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
+        --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 --per_device_train_batch_size 32 \
+        --gradient_accumulation_steps 1 --num_generations 8 --max_completion_length 512 \
+        --learning_rate 1e-6 --logging_steps 1
+    # the offline tiny world on a CPU, to try it out (builds out/tiny once, like train.py)
+    python trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny --use_cpu true --bf16 false \
+        --max_steps 20 --per_device_train_batch_size 128 --num_generations 8 --max_completion_length 32 \
+        --learning_rate 1e-4 --logging_steps 1 --gradient_checkpointing false
 
 Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance_sampling_level
 sequence, ...), plus the D3S knobs under train.py's names: --method (a name of d3s.METHODS),
@@ -31,7 +38,8 @@ TRL's step, and what D3STrainer changes in it (../shared/D3S.md numbers the step
 The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps.
 Each step adds d3s/* metrics to TRL's log (so to wandb, tensorboard, ...), named as train.py's
 log.jsonl: rho_s, rho_t, rollouts, kept, valid (tokens of the kept rollouts), tokens (kept),
-var_adv and var_kept (population variance of A, all rollouts -> kept ones), fillers (below).
+var_adv and var_kept (population variance of A, all rollouts -> kept ones), entropy (with token
+selection: mean H over the valid tokens of the kept rollouts), fillers (below).
 
 Every process must make the same forward/backward calls with the same row counts (DDP and ZeRO
 reduce gradients in lockstep, ZeRO-3 gathers parameters per forward, TRL gathers per-row metrics),
@@ -57,7 +65,7 @@ What is not the same as train.py:
   - Only loss_type="dapo" (TRL's default) is accepted: its divisor is the step's token count, which
     D3STrainer sets to the kept tokens. TRL's other aggregations average per sequence or per
     micro-batch, which filler rows and the kept subset would change.
-  - TRL's `entropy` metric averages over the kept tokens (its loss mask), not over all valid tokens.
+  - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is train.py's.
   - TRL's own no-grad passes that run before rewards exist (old log-probs for vLLM's importance
     correction or num_iterations > 1, reference log-probs when beta > 0) still see every rollout.
   - Evaluation (eval_strategy) is TRL's plain GRPO loss on every rollout; text-only models only.
@@ -250,11 +258,17 @@ class D3STrainer(GRPOTrainer):
         valid = part["completion_mask"].bool()
         if "tool_mask" in part:
             valid = valid & part["tool_mask"].bool()
+        metrics = {}
         if self.method["token"] == "none":
             kept = valid
         else:
-            scores = d3s.token_scores(part["advantages"], self._entropy(part), self.method["token"])  # (R, C)
+            entropy = self._entropy(part)  # (R, C)
+            scores = d3s.token_scores(part["advantages"], entropy, self.method["token"])  # (R, C)
             kept = self._select_tokens(scores, valid, rho_t)
+            # train.py's entropy column: over every valid token of the kept rollouts (TRL's own `entropy`
+            # metric averages over its loss mask, which is now the kept tokens)
+            total = acc.reduce(torch.stack([torch.where(valid, entropy, 0.0).sum(), valid.sum().float()]), "sum")
+            metrics["entropy"] = (total[0] / total[1].clamp(min=1)).item()
         # TRL's loss masks tokens with completion_mask * tool_mask and attends with completion_mask alone
         # (tool_mask is its mask for tool outputs): the kept tokens go there, so the others take part in
         # the forward as context but add nothing to the loss, its gradient or the divisor.
@@ -263,11 +277,11 @@ class D3STrainer(GRPOTrainer):
         part["num_items_in_batch"] = num_kept  # TRL's "dapo" divisor: the step's kept tokens
 
         # the diagnostics of train.py's step line, through TRL's metrics (so to any logger)
-        num_valid = acc.reduce(valid.sum(), reduction="sum")
-        for name, value in (("rho_s", rho_s), ("rho_t", rho_t), ("rollouts", advantages.numel()),
-                            ("kept", len(index)), ("valid", num_valid.item()), ("tokens", num_kept.item()),
-                            ("var_adv", pop_var(advantages)), ("var_kept", pop_var(kept_adv)),
-                            ("fillers", len(share) * acc.num_processes - len(index))):
+        metrics.update(rho_s=rho_s, rho_t=rho_t, rollouts=advantages.numel(), kept=len(index),
+                       valid=acc.reduce(valid.sum(), reduction="sum").item(), tokens=num_kept.item(),
+                       var_adv=pop_var(advantages), var_kept=pop_var(kept_adv),
+                       fillers=len(share) * acc.num_processes - len(index))
+        for name, value in metrics.items():
             self._metrics["train"][f"d3s/{name}"].append(float(value))
         return split_micro_batches(shuffle_sequence_dict(part), steps)
 

@@ -45,7 +45,10 @@ def make_trainer(out, method="d3s", per_device=8, accumulation=1, plain=False, m
                  gradient_accumulation_steps=accumulation, num_generations=G, max_completion_length=T,
                  max_steps=1, learning_rate=1e-3, seed=0)
     knobs.update(overrides)
-    trainer_class, args = (GRPOTrainer, GRPOConfig(**knobs)) if plain else (D3STrainer, D3SConfig(method=method, **knobs))
+    if plain:
+        trainer_class, args = GRPOTrainer, GRPOConfig(**knobs)
+    else:
+        trainer_class, args = D3STrainer, D3SConfig(method=method, **knobs)
     trainer = trainer_class(model=model, reward_funcs=checksum_reward, args=args, train_dataset=DATASET,
                             processing_class=tokenizer)
     trainer.current_gradient_accumulation_steps = accumulation
@@ -162,6 +165,19 @@ def test_config_refuses(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message):
         D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **bad)
 
+def test_reward_is_reward_grade(monkeypatch):
+    stop = {1}  # <eos> of the tiny tokenizer
+    reward = trl_d3s.correctness_reward(stop)
+    assert reward([" 3+8=1\n#### 5", "#### 4"], answer=["5", "5"], completion_ids=[[3, 1], [3, 1]]) == [1.0, 0.0]
+    seen = []  # reward.grade is getting a truncated= argument: it is passed only if grade takes it
+
+    def grade(text, reference, truncated=False):
+        seen.append(truncated)
+        return 0.0
+    monkeypatch.setattr(trl_d3s, "grade", grade)
+    trl_d3s.correctness_reward(stop)(["a", "b"], answer=["1", "1"], completion_ids=[[3, 1], [3, 4]])
+    assert seen == [False, True]  # the second one never reached a stop token
+
 # -----------------------------------------------------------------------------
 # one process
 
@@ -181,6 +197,10 @@ def test_keeps_what_d3s_keeps(tmp_path, method):
     metrics = trainer._metrics["train"]
     assert metrics["d3s/kept"] == [len(want)] and metrics["d3s/tokens"] == [kept_tokens]
     assert metrics["d3s/rollouts"] == [16] and metrics["d3s/fillers"] == [0]
+    if d3s.METHODS[method]["token"] != "none":  # train.py's entropy: over the valid tokens of the kept rollouts
+        rows = sorted(want)
+        valid = batch["completion_mask"][rows].bool()
+        assert metrics["d3s/entropy"] == [pytest.approx(entropy[rows][valid].mean().item())]
 
 
 def test_schedule_reads_the_global_step(tmp_path):
