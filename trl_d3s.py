@@ -4,16 +4,17 @@ D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow
     # one GPU: train.py's real-model step, 32 prompts x 8 = 256 rollouts, in 4 micro-batches
     python trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
         --max_steps 200 --per_device_train_batch_size 64 --gradient_accumulation_steps 4 \
-        --num_generations 8 --max_completion_length 512 --learning_rate 1e-6 --logging_steps 1
+        --num_generations 8 --max_completion_length 512 --learning_rate 1e-6 --lr_scheduler_type constant \
+        --logging_steps 1
     # 8 GPUs: the same 256 rollouts a step, 32 per process, one micro-batch each
     accelerate launch --num_processes 8 trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
         --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 --per_device_train_batch_size 32 \
         --gradient_accumulation_steps 1 --num_generations 8 --max_completion_length 512 \
-        --learning_rate 1e-6 --logging_steps 1
+        --learning_rate 1e-6 --lr_scheduler_type constant --logging_steps 1
     # the offline tiny world on a CPU, to try it out (builds out/tiny once, like train.py)
     python trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny --use_cpu true --bf16 false \
         --max_steps 20 --per_device_train_batch_size 128 --num_generations 8 --max_completion_length 32 \
-        --learning_rate 1e-4 --logging_steps 1 --gradient_checkpointing false
+        --learning_rate 1e-4 --lr_scheduler_type constant --logging_steps 1 --gradient_checkpointing false
 
 Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance_sampling_level
 sequence, ...), plus the D3S knobs under train.py's names: --method (a name of d3s.METHODS),
@@ -62,13 +63,17 @@ What is not the same as train.py:
     gradient is exactly train.py's GSPO-token gradient; the two part ways only off-policy. TRL's
     warning that 'dapo' with sequence-level ratios weights sequences by length is expected: that is
     the token mean of D3S.md.
+  - GSPO's clip range is TRL's --epsilon / --epsilon_high, 0.2 unless given; train.py's --loss gspo
+    defaults to GSPO's 3e-4 / 4e-4. Pass them. (On-policy the clip never acts.)
   - Only loss_type="dapo" (TRL's default) is accepted: its divisor is the step's token count, which
     D3STrainer sets to the kept tokens. TRL's other aggregations average per sequence or per
     micro-batch, which filler rows and the kept subset would change.
   - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is train.py's.
   - TRL's own no-grad passes that run before rewards exist (old log-probs for vLLM's importance
     correction or num_iterations > 1, reference log-probs when beta > 0) still see every rollout.
-  - Evaluation (eval_strategy) is TRL's plain GRPO loss on every rollout; text-only models only.
+  - Prompts come in TRL's order (its sampler, shuffled with --seed), not train.py's; there is no
+    held-out accuracy during training (eval.py reads the saved folder); TRL's eval_strategy computes
+    the plain GRPO loss on every rollout. Text-only models only.
 """
 import inspect
 from dataclasses import dataclass, field
@@ -349,7 +354,7 @@ def main(argv=None):
                                  for row in rows])
     trainer = D3STrainer(model=model, reward_funcs=correctness_reward(set(stop_token_ids(model, tokenizer))),
                          args=config, train_dataset=dataset, processing_class=tokenizer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)  # a checkpoint-N folder, or None
     trainer.save_model(config.output_dir)
     trainer.save_state()  # trainer_state.json: every logged step, d3s/* metrics included
     return trainer
