@@ -174,10 +174,9 @@ def trim(part):
 def take_rows(batch, index, advantages, share):
     """This process's rows: share holds positions into index (the kept rollouts, (N,)), -1 for a
     filler. A filler copies the first kept rollout with an empty completion mask and advantage 0."""
-    real = share >= 0
-    pos = share.clamp(min=0).to(index.device)
+    share = share.to(index.device)
+    real, pos = share >= 0, share.clamp(min=0)
     rows = index[pos]
-    real = real.to(index.device)
     part = {key: t[rows] for key, t in batch.items()}
     part["completion_mask"] = part["completion_mask"] * real[:, None].to(part["completion_mask"].dtype)
     part["advantages"] = torch.where(real, advantages[pos], torch.zeros_like(advantages[pos]))
