@@ -47,9 +47,10 @@ reduce gradients in lockstep, ZeRO-3 gathers parameters per forward, TRL gathers
 but selection keeps different numbers of rollouts from different processes. So each process gets
 R = max(ceil(N / processes), steps_per_generation) rows: its share of the N kept rollouts, topped up
 with filler rows (a copy of a kept rollout with an empty completion mask and advantage 0: no loss,
-no gradient, no token counted). That is at most processes - 1 fillers, or up to
-steps_per_generation when N is that small, so that no micro-batch is ever empty. Every process
-splits its R rows into steps_per_generation micro-batches of the same sizes.
+no gradient, no token counted). That is at most processes - 1 fillers in all, unless fewer than
+processes x steps_per_generation rollouts are kept: then every process is topped up to
+steps_per_generation rows, so that no micro-batch is ever empty. Every process shuffles its R rows
+(as TRL does) and splits them into steps_per_generation micro-batches of the same sizes.
 
 What is not the same as train.py:
   - Advantages are TRL's: (r - mean) / (std + 1e-4), not + 1e-6 (PODS's re-normalisation is
