@@ -9,7 +9,21 @@ load_model, so that training and evaluation can never load a checkpoint in two d
 
 The argument is read in this order: "tiny"; an existing folder; a short name from ALIASES; a hub id
 ("org/name"). Anything that cannot be loaded is a one-line ValueError that says what to do instead.
+
+--dtype means the same in train.py and eval.py, through the two helpers below:
+
+    model, tok = load_model(name, device, dtype)   # weights in weight_dtype(dtype): "auto" is float32
+    with autocast(device, dtype):                  # bf16 forward passes where "auto" allows them
+        ...generate, score, evaluate...
+
+"auto" [ours]: float32 weights everywhere, and forward passes under bfloat16 autocast on a CUDA GPU
+that supports bf16 (float32 on a CPU). Training needs the float32 weights: bf16 has an 8-bit mantissa
+and rounds away most updates of size lr * grad ~ 1e-6. Evaluation uses the same, so that eval.py
+and train.py's held-out accuracy run the same arithmetic and give the same number. "float32",
+"bfloat16" and "float16" load the weights in that dtype and never autocast (bf16 weights halve the
+memory of a big model, at the cost of that rounding).
 """
+import contextlib
 import os
 
 import torch
@@ -39,12 +53,13 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
     """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in `dtype`.
 
     device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
-    dtype: "auto" (bfloat16 on a GPU that supports it, else float32), "float32", "bfloat16",
-    "float16" or a torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
+    dtype: the weights' dtype, weight_dtype(dtype): "auto" (float32; run forward passes inside
+    autocast(device, "auto") for bf16 speed on a GPU), "float32", "bfloat16", "float16" or a
+    torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
     """
     hf_logging.disable_progress_bar()  # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
     device = _device(device)
-    dtype = _dtype(dtype, device)
+    dtype = weight_dtype(dtype, device)
     source, is_folder = _resolve(str(name_or_path), cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -109,13 +124,38 @@ def _device(device):
     return device
 
 
-def _dtype(dtype, device):
+# -----------------------------------------------------------------------------
+# What --dtype means: the weights' dtype, and whether forward passes autocast to bf16
+
+
+def weight_dtype(dtype, device=None):
+    """The torch dtype to load the weights in for --dtype: "auto" is float32 on every device.
+
+    device is accepted so that callers can pass what they pass to autocast(); it does not change
+    the answer (on a GPU, "auto" gets its bf16 speed from autocast, not from bf16 weights).
+    """
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        # bfloat16 halves memory and is what Qwen2.5 ships in; on CPU (and old GPUs) float32 is the safe choice.
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
+        return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def autocast_enabled(device, dtype, bf16_supported=None):
+    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device that
+    supports bf16. bf16_supported: None asks torch.cuda; tests pass True/False to decide without a GPU."""
+    if dtype != "auto" or torch.device(device).type != "cuda":
+        return False
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported()
+    return bool(bf16_supported)
+
+
+def autocast(device, dtype):
+    """The context to run forward passes in for --dtype on device: bf16 autocast where
+    autocast_enabled says so, else nothing (weights and activations stay in the weights' dtype)."""
+    if autocast_enabled(device, dtype):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()

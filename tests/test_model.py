@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import tiny
-from model import hub_id, load_model
+import model
+from model import autocast, autocast_enabled, hub_id, load_model, weight_dtype
 
 
 def _same_weights(a, b):
@@ -100,3 +101,77 @@ def test_bad_device_and_dtype(tiny_dir):
     assert "dtype='float8'" in _error(tiny_dir, dtype="float8")
     with pytest.raises(ValueError, match="device='gpu'"):
         load_model(tiny_dir, device="gpu")
+
+
+# -----------------------------------------------------------------------------
+# --dtype: one meaning in train.py and eval.py
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", torch.device("cuda", 0)])
+def test_auto_weights_are_float32_on_every_device(device):
+    # bf16 weights would round away updates of 1e-6; "auto" gets bf16 speed from autocast instead
+    assert weight_dtype("auto", device) == torch.float32
+    assert weight_dtype("auto") == torch.float32
+    assert weight_dtype("bfloat16", device) == torch.bfloat16
+    assert weight_dtype("float16", device) == torch.float16
+    assert weight_dtype("float32", device) == torch.float32
+    assert weight_dtype(torch.bfloat16, device) == torch.bfloat16
+
+
+@pytest.mark.parametrize("device, dtype, bf16, expected", [
+    ("cuda", "auto", True, True),          # the one case: a bf16 GPU under auto
+    ("cuda:1", "auto", True, True),
+    (torch.device("cuda", 0), "auto", True, True),
+    ("cuda", "auto", False, False),        # a GPU without bf16 (V100, T4): plain float32
+    ("cpu", "auto", True, False),          # never on a CPU
+    ("cpu", "auto", False, False),
+    ("cuda", "float32", True, False),      # an explicit dtype never autocasts
+    ("cuda", "bfloat16", True, False),
+    ("cuda", "float16", True, False),
+])
+def test_autocast_decision(device, dtype, bf16, expected):
+    assert autocast_enabled(device, dtype, bf16_supported=bf16) is expected
+
+
+def test_autocast_on_cpu_is_a_no_op(tiny_dir):
+    model_, tokenizer = load_model(tiny_dir, device="cpu", dtype="auto")
+    assert model_.dtype == torch.float32
+    ids = tokenizer("Question: 1+2\nAnswer:", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain = model_(ids).logits
+        with autocast("cpu", "auto"):
+            assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+            cast = model_(ids).logits
+    assert cast.dtype == torch.float32 and torch.equal(plain, cast)
+
+
+def test_eval_runs_under_the_same_autocast(tiny_dir, tmp_path, monkeypatch):
+    # eval.py loads the weights and wraps evaluate() exactly as train.py does, through model.py
+    import eval as eval_py
+    entered, loaded, inside = [], [], []
+
+    class Recording:
+        def __init__(self, device, dtype):
+            entered.append((torch.device(device).type, dtype))
+
+        def __enter__(self):
+            inside.append(True)
+
+        def __exit__(self, *exc):
+            inside.append(False)
+
+    real_load, real_evaluate = model.load_model, eval_py.evaluate
+
+    def load(name, device="auto", dtype="auto"):
+        loaded.append(dtype)
+        return real_load(name, device=device, dtype=dtype)
+
+    def evaluate(*args, **kwargs):
+        assert inside and inside[-1], "evaluate() ran outside model.autocast"
+        return real_evaluate(*args, **kwargs)
+    monkeypatch.setattr(model, "autocast", Recording)
+    monkeypatch.setattr(model, "load_model", load)
+    monkeypatch.setattr(eval_py, "evaluate", evaluate)
+    assert eval_py.main(["--model", tiny_dir, "--benchmarks", "tiny", "--limit", "2", "--device", "cpu",
+                         "--max_new_tokens", "4", "--out", str(tmp_path / "e.jsonl")]) == 0
+    assert loaded == ["auto"] and entered == [("cpu", "auto")] and inside == [True, False]
