@@ -7,9 +7,10 @@ Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pas
     python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir ../shared/data
 
 The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
-OlympiadBench; `--benchmarks all` is every one of those that data.py has (all but AIME25, with
-MATH-500 for MATH). The model argument goes through model.load_model, exactly as in train.py, and
-train.py's held-out accuracy is evaluate() below, so the two numbers can never disagree.
+OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model argument goes through
+model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32 weights,
+bf16 autocast on a GPU that supports it), and train.py's held-out accuracy is evaluate() below, so
+the two numbers cannot disagree.
 
 What is measured, per benchmark (n samples for each of its problems, c of them correct):
   accuracy    greedy (n = 1, temperature 0): pass@1. Sampled: avg@n, the mean accuracy over all
@@ -17,7 +18,9 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
   pass@j      j = 1, 2, 4, ..., n (and n itself): the chance that at least one of j samples drawn
               without replacement from the n is correct, 1 - C(n-c, j) / C(n, j), averaged over
               problems (Chen et al. 2021's unbiased estimator; it uses all n samples, not just j).
-  no_answer   share of completions with no extractable final answer (reward.extract_answer).
+  no_answer   share of completions with no extractable final answer (reward.extract_answer; a
+              truncated completion counts only with a closed \\boxed{} or a finished #### line,
+              the rule train.py's rewards follow).
   mean_length completion tokens, the stop token included (Rollouts.lengths).
   truncated   share of completions that hit max_new_tokens without a stop token.
   seconds     wall time: generation plus grading.
@@ -118,10 +121,10 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
             for row, text in enumerate(rollouts.texts):  # rows are group by group: n per problem
                 i, sample = chunk[row // n], row % n
                 reference = problems[i]["answer"]
-                records[i * n + sample] = {
+                records[i * n + sample] = {  # graded as train.py grades rollouts: truncation counts
                     "problem": i, "sample": sample, "prompt": prompts[i], "completion": text,
-                    "answer": extract_answer(text), "reference": reference,
-                    "correct": grade(text, reference), "length": lens[row], "truncated": cut[row],
+                    "answer": extract_answer(text, cut[row]), "reference": reference,
+                    "correct": grade(text, reference, cut[row]), "length": lens[row], "truncated": cut[row],
                 }
             done += len(chunk)
             bar.update(len(chunk))
@@ -178,7 +181,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="JSONL of every generation (default out/eval/<model>.jsonl); "
                                                "the table goes to the same stem + .json")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="auto (float32 weights, bf16 autocast on a GPU that supports it, "
+                                                   "as in train.py), float32, bfloat16, float16")
     p.add_argument("--seed", type=int, default=0, help="seeds sampling, per benchmark")
     return p.parse_args(argv)
 
@@ -244,23 +248,26 @@ def run(args):
         if not rows:
             raise ValueError(f"--benchmarks: {b} has no problems; check the file")
 
-    from model import load_model  # imported here: it pulls in transformers' model classes
-    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    import model as models  # imported here: it pulls in transformers' model classes
+    model, tokenizer = models.load_model(args.model, device=args.device, dtype=args.dtype)
+    device, weights = next(model.parameters()).device, next(model.parameters()).dtype
     out = args.out or default_out(args.model)
     table_path = os.path.splitext(out)[0] + ".json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     settings = {k: getattr(args, k) for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit",
-                                               "seed", "batch_size")}
-    print(f"model {args.model} | {next(model.parameters()).device} {next(model.parameters()).dtype} | "
+                                               "seed", "batch_size", "dtype")}
+    cast = " + bf16 autocast" if models.autocast_enabled(device, args.dtype) else ""
+    print(f"model {args.model} | {device} {weights}{cast} | "
           f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}", flush=True)
 
     results = {}
     with open(out, "w", encoding="utf-8") as f:
         for name, problems in benchmarks.items():
             # seeded per benchmark [ours]: a benchmark's samples do not depend on which ran before it
-            res = evaluate(model, tokenizer, problems, n=args.n, temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, top_p=args.top_p,
-                           progress=True, desc=name, seed=args.seed if args.temperature > 0 else None)
+            with models.autocast(device, args.dtype):  # the arithmetic train.py's evaluation runs in
+                res = evaluate(model, tokenizer, problems, n=args.n, temperature=args.temperature,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, top_p=args.top_p,
+                               progress=True, desc=name, seed=args.seed if args.temperature > 0 else None)
             for r in res.pop("records"):
                 f.write(json.dumps({"benchmark": name, **r}) + "\n")
             f.flush()

@@ -15,7 +15,7 @@ import tiny
 from conftest import ROOT, SHARED, requires_shared
 from eval import BENCHMARKS, evaluate, main, pass_at_k, pass_ks
 from model import load_model
-from reward import extract_answer, grade
+from reward import extract_answer, grade, score
 from rollout import generate_groups
 
 FIELDS = {"problem", "sample", "prompt", "completion", "answer", "reference", "correct", "length", "truncated"}
@@ -74,7 +74,8 @@ def test_evaluate_greedy_equals_grading_by_hand(tiny_model):
 
     prompts = [data.format_prompt(tokenizer, p["prompt"]) for p in problems]
     by_hand = generate_groups(model, tokenizer, prompts, 1, tiny.MAX_NEW_TOKENS, temperature=0.0)
-    grades = [grade(text, p["answer"]) for text, p in zip(by_hand.texts, problems)]
+    cut = by_hand.truncated.tolist()
+    grades = [grade(text, p["answer"], c) for text, p, c in zip(by_hand.texts, problems, cut)]
     accuracy = sum(grades) / len(grades)
 
     assert res["accuracy"] == accuracy and res["pass@1"] == accuracy
@@ -83,10 +84,10 @@ def test_evaluate_greedy_equals_grading_by_hand(tiny_model):
     assert [r["completion"] for r in res["records"]] == by_hand.texts
     assert [r["correct"] for r in res["records"]] == grades
     assert [r["reference"] for r in res["records"]] == [p["answer"] for p in problems]
-    assert [r["answer"] for r in res["records"]] == [extract_answer(t) for t in by_hand.texts]
+    assert [r["answer"] for r in res["records"]] == [extract_answer(t, c) for t, c in zip(by_hand.texts, cut)]
     assert res["mean_length"] == by_hand.lengths.float().mean().item()
     assert res["truncated"] == by_hand.truncated.float().mean().item()
-    assert res["no_answer"] == sum(extract_answer(t) is None for t in by_hand.texts) / 64
+    assert res["no_answer"] == sum(extract_answer(t, c) is None for t, c in zip(by_hand.texts, cut)) / 64
     assert res["seconds"] > 0
     assert all(set(r) == FIELDS for r in res["records"])
 
@@ -103,7 +104,7 @@ def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
     for r in records:
         assert r["prompt"] == data.format_prompt(tokenizer, problems[r["problem"]]["prompt"])
         assert r["reference"] == problems[r["problem"]]["answer"]
-        assert r["correct"] == grade(r["completion"], r["reference"])
+        assert r["correct"] == grade(r["completion"], r["reference"], r["truncated"])
 
 
 def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_model):
@@ -119,6 +120,22 @@ def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_
     for k in (1, 2, 4):
         assert math.isclose(res[f"pass@{k}"], _brute_pass(res["records"], 4, k), abs_tol=1e-12)
     assert len({r["completion"] for r in res["records"]}) > 8  # really sampled: not one completion per problem
+
+
+def test_evaluate_grades_truncated_completions_as_training_does(tiny_model):
+    # Cut off after 8 tokens ("3+8=1\n1+5"), a completion has numbers but no "#### N" line yet: the
+    # last number is an intermediate result, not an answer, and must not be graded as one.
+    model, tokenizer = tiny_model
+    problems = tiny.problems("test", limit=16)
+    res = evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=8)
+    cut = [r for r in res["records"] if r["truncated"]]
+    assert len(cut) >= 8
+    assert all(r["answer"] is None and r["correct"] == 0.0 for r in cut if "####" not in r["completion"])
+    assert sum(extract_answer(r["completion"]) is not None for r in cut) >= 8  # what the old rule read
+    assert res["no_answer"] >= len(cut) / 16
+    _, stats = score([r["completion"] for r in res["records"]], [p["answer"] for p in problems],
+                     truncated=[r["truncated"] for r in res["records"]])
+    assert stats["accuracy"] == res["accuracy"] and stats["no_answer"] / 16 == res["no_answer"]
 
 
 def test_evaluate_rejects_bad_arguments(tiny_model):
@@ -156,8 +173,8 @@ def _check_table_against_jsonl(lines, table, n):
             assert row[f"pass@{k}"] == pytest.approx(_brute_pass(records, n, k))
         for r in records:
             assert set(r) == FIELDS | {"benchmark"}
-            assert r["answer"] == extract_answer(r["completion"])
-            assert r["correct"] == grade(r["completion"], r["reference"])
+            assert r["answer"] == extract_answer(r["completion"], r["truncated"])
+            assert r["correct"] == grade(r["completion"], r["reference"], r["truncated"])
 
 
 def test_cli_greedy_end_to_end(tiny_dir, tmp_path):
@@ -195,8 +212,9 @@ def test_cli_every_shared_benchmark(tiny_dir, tmp_path):
     assert main(["--model", tiny_dir, "--benchmarks", "all", "--limit", "4", "--data_dir", str(SHARED / "data"),
                  "--max_new_tokens", "16", "--out", str(out)]) == 0
     lines, table = _read(out)
-    assert list(table["results"]) == list(BENCHMARKS) == ["gsm8k", "math500", "aime24", "amc23", "minerva",
-                                                          "olympiadbench"]
+    # all seven of the paper's benchmarks (MATH-500 for MATH), with one command
+    assert list(table["results"]) == list(BENCHMARKS) == ["gsm8k", "math500", "aime24", "aime25", "amc23",
+                                                          "minerva", "olympiadbench"]
     _check_table_against_jsonl(lines, table, n=1)
     for name in BENCHMARKS:
         refs = [r["reference"] for r in lines if r["benchmark"] == name]
