@@ -17,12 +17,23 @@ Steps 1 and 5 of ../shared/D3S.md:
                    has a chat template and knows that token: our prompts are ChatML (data.format_prompt),
                    so even a base Qwen model, whose generation_config names only <|endoftext|>, ends its
                    turn with <|im_end|>.
+  Rollouts.piece   the tensors a forward pass of some rows needs, cut to those rows' own span (from
+                   their first real prompt column to their last real completion column), so one long
+                   rollout elsewhere in the batch never widens them.
   token_logprobs   step 5. log pi(y_t | x, y_<t) of each completion token (with gradient when enabled)
                    and the entropy H_t = -sum_v p_v log p_v of p = softmax(logits / T) over the full
-                   vocabulary (never with gradient). The decoder body runs once; the lm_head and the
-                   float32 softmax run on chunks of positions, each inside activation checkpointing,
-                   so neither the forward nor autograd ever holds the (B, T, V) float32 logits
-                   (V = 151,936 for Qwen2.5).
+                   vocabulary (never with gradient). In two parts that the training loop also calls
+                   one by one: completion_hidden runs the decoder body once; head_logprobs runs the
+                   lm_head and the float32 softmax only at the positions asked for (the kept tokens,
+                   say), in chunks, each inside activation checkpointing, so neither the forward nor
+                   autograd ever holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
+
+[ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
+distribution it samples from, softmax(logits / T) over the full vocabulary: the step line logs it,
+and when the kept rollouts need several micro-batches it is the entropy of token selection (D3S.md
+step 6), so no extra full-vocabulary forward pass is needed. The cached decode computes the same
+function as the training forward in another order of floating-point operations; on the tiny model
+the two entropies differ by at most ~1e-6 in float32 (tests/test_rollout.py measures it).
 
 [ours] Sampling uses exactly softmax(logits / T), optionally top_p: we override the knobs that a
 checkpoint's generation_config.json may set (Qwen2.5 instruct ships top_k=20 and
@@ -31,16 +42,19 @@ scores samples with token_logprobs, which knows only T. A different sampler woul
 off-policy without saying so.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import LogitsProcessor, LogitsProcessorList
 
-# [ours] Default positions per lm_head chunk. Each chunk briefly holds a few (B, chunk, V) float32
-# tensors (logits, log-softmax, probabilities; their gradient in backward), 4 bytes per entry: for
-# Qwen's V = 151,936, B = 16 rows and chunk = 256 that is 16 * 256 * 151,936 * 4 B = 2.5 GB per
-# tensor, ~10 GB at the peak, whatever the completion length (full logits of 4096 tokens: 40 GB each). Smaller chunks save memory but not time (the matmul is still B * chunk rows
-# deep); larger ones grow the peak linearly. Lower it, or the micro-batch, on a small GPU.
-CHUNK_SIZE = 256
+# [ours] Default token positions per lm_head chunk, counted over the whole micro-batch (only the
+# positions asked for: real completion tokens, never padding). Each chunk briefly holds a few
+# (chunk, V) float32 tensors (logits, log-softmax, probabilities; their gradient in backward), 4 bytes
+# per entry: for Qwen's V = 151,936 and chunk = 4096 that is 4096 * 151,936 * 4 B = 2.5 GB per tensor,
+# ~10 GB at the peak, whatever the batch and completion length (the full logits of 16 rollouts of 4096
+# tokens: 40 GB each). Smaller chunks save memory but barely time; lower it on a small GPU.
+CHUNK_SIZE = 4096
 
 
 @dataclass
@@ -53,6 +67,7 @@ class Rollouts:
     truncated: torch.Tensor        # (B,) bool, no stop token within max_new_tokens
     group: torch.Tensor            # (B,) long, index of the prompt each row answers
     texts: list[str]               # B str, decoded completions without the stop token / special tokens
+    entropy: Optional[torch.Tensor] = None  # (B, T) float32, the sampler's entropy (record_entropy=True)
 
     @property
     def completion_start(self):
@@ -76,7 +91,22 @@ class Rollouts:
         index = torch.as_tensor(index, dtype=torch.long, device=self.group.device)
         return Rollouts(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],
                         self.completion_mask[index], self.truncated[index], self.group[index],
-                        [self.texts[i] for i in index.tolist()])
+                        [self.texts[i] for i in index.tolist()],
+                        None if self.entropy is None else self.entropy[index])
+
+    def piece(self, rows):
+        """(input_ids, attention_mask, completion_start, width) of the rows `rows`, cut to their own
+        span: from the first column where any of them has a real prompt token to the last column
+        where any has a completion token. width is the number of completion columns kept; the
+        completion tensors of these rows are all padding beyond it. Positions come from the mask
+        (token_logprobs), so dropping all-padding columns on either side changes no value."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.group.device)
+        prompt_mask, mask = self.prompt_mask[rows], self.completion_mask[rows]  # (n, P), (n, T)
+        first = int(prompt_mask.any(dim=0).long().argmax())  # left padding shared by all these rows
+        width = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 0
+        input_ids = torch.cat([self.prompt_ids[rows, first:], self.completion_ids[rows, :width]], dim=1)
+        attention_mask = torch.cat([prompt_mask[:, first:], mask[:, :width].long()], dim=1)
+        return input_ids, attention_mask, self.completion_start - first, width
 
 
 def stop_token_ids(model, tokenizer):
@@ -126,12 +156,28 @@ def _encode_left_padded(tokenizer, prompts, pad_id):
     return prompt_ids, prompt_mask  # (n, P), (n, P)
 
 
+class EntropyRecorder(LogitsProcessor):
+    """Records H = -sum_v p_v log p_v of p = softmax(logits / T) at every decode step, and changes
+    nothing. generate runs custom processors before its temperature and top-p warpers, so the scores
+    here are the raw logits: we divide by T ourselves, and top-p never reaches this entropy."""
+
+    def __init__(self, temperature):
+        self.temperature, self.steps = temperature, []
+
+    def __call__(self, input_ids, scores):
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (b, V)
+        self.steps.append(-(logp.exp() * logp).sum(dim=-1))  # (b,)
+        return scores
+
+
 def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
-                    batch_size=None):
+                    batch_size=None, record_entropy=False):
     """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
 
     temperature == 0 means greedy decoding. batch_size caps the rows per `generate` call (None = all);
-    every call sees the same left padding, so greedy results do not depend on it.
+    every call sees the same left padding, so greedy results do not depend on it. record_entropy
+    (sampling only): Rollouts.entropy holds the entropy of softmax(logits / T) at every generated
+    position, recorded while decoding (see the module docstring).
     """
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError(f"prompts={prompts!r} must be a non-empty list of strings")
@@ -145,6 +191,8 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
         raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1 or None (all rows at once)")
+    if record_entropy and temperature == 0:
+        raise ValueError("record_entropy needs sampling (temperature > 0): greedy decoding has no distribution T")
 
     stop_ids = stop_token_ids(model, tokenizer)
     # [ours] a tokenizer without a pad token (Llama) pads with its first stop id; harmless, since
@@ -171,23 +219,29 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     step = B if batch_size is None else batch_size
     was_training = model.training
     model.eval()
-    chunks = []
+    chunks, entropies = [], []
     try:
         with torch.no_grad():
             for s in range(0, B, step):
+                recorder = EntropyRecorder(temperature) if record_entropy else None
                 out = model.generate(
                     input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step],
                     max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad_id,
-                    **sampling, **knobs,
+                    logits_processor=LogitsProcessorList([recorder] if recorder else []), **sampling, **knobs,
                 )  # (b, P + t), t <= max_new_tokens: generate stops early once every row has stopped
                 chunks.append(out[:, P:])
+                if recorder:
+                    entropies.append(torch.stack(recorder.steps, dim=1))  # (b, t)
     finally:
         model.train(was_training)
 
     T = max(c.shape[1] for c in chunks)
     completion_ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)  # (B, T)
-    for s, c in zip(range(0, B, step), chunks):
+    entropy = torch.zeros((B, T), dtype=torch.float32, device=device) if record_entropy else None
+    for i, (s, c) in enumerate(zip(range(0, B, step), chunks)):
         completion_ids[s:s + c.shape[0], :c.shape[1]] = c
+        if record_entropy:
+            entropy[s:s + c.shape[0], :c.shape[1]] = entropies[i]
     mask = completion_mask(completion_ids, stop_ids)  # (B, T)
     is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=device))
     truncated = ~(is_stop & mask).any(dim=1)  # (B,) the only stop token a row can have in its mask is the last
@@ -197,62 +251,87 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     keep = mask & ~is_stop  # (B, T)
     texts = tokenizer.batch_decode([row[k].tolist() for row, k in zip(completion_ids.cpu(), keep.cpu())],
                                    skip_special_tokens=True)
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, truncated, group, texts)
+    if entropy is not None:
+        entropy = entropy.masked_fill(~mask, 0.0)  # after the stop token: padding
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, truncated, group, texts, entropy)
 
 
 def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
-    """(b, c, H) hidden states -> logp of targets (b, c) and entropy (b, c) or None, in float32."""
-    logits = head(hidden).float() / temperature  # (b, c, V) float32, also for a bf16 model
-    logp_all = torch.log_softmax(logits, dim=-1)  # (b, c, V)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (b, c)
+    """(n, H) hidden states -> logp of targets (n,) and entropy (n,) or None, in float32."""
+    logits = head(hidden).float() / temperature  # (n, V) float32, also for a bf16 model
+    logp_all = torch.log_softmax(logits, dim=-1)  # (n, V)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     entropy = None
     if with_entropy:
         with torch.no_grad():  # D3S.md step 5: no gradient through H
-            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (b, c)
+            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (n,)
     return logp, entropy
 
 
-def token_logprobs(model, input_ids, attention_mask, completion_start, temperature=1.0, with_entropy=True,
-                   chunk_size=CHUNK_SIZE):
-    """Step 5: per-token log-probs and entropies of the completion tokens input_ids[:, completion_start:].
+def completion_hidden(model, input_ids, attention_mask, completion_start):
+    """The decoder's last hidden states that predict the completion tokens: (B, T, H), T = L - completion_start.
 
-    input_ids, attention_mask: (B, L), left-padded prompt then completion (Rollouts.input_ids /
-    .attention_mask). Returns logp (B, T) and entropy (B, T) or None, T = L - completion_start, float32.
-    The logits at position completion_start - 1 + t score completion token t. Values at masked
-    positions are finite but meaningless: the caller masks them.
+    input_ids, attention_mask: (B, L), left-padded prompt then completion. The state at position
+    completion_start - 1 + t predicts completion token t.
     """
-    B, L = input_ids.shape
+    L = input_ids.shape[1]
     if not 1 <= completion_start <= L:
         raise ValueError(f"completion_start={completion_start} must be in [1, {L}] (the prompt needs a token)")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
-
     # A plain forward does not derive positions from the mask; generate does. Give the same ones, so
     # a left-padded row is scored at the positions it was generated at.
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, L)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids, use_cache=False).last_hidden_state  # (B, L, H)
-    hidden = hidden[:, completion_start - 1:L - 1]  # (B, T, H) position t predicts completion token t
-    targets = input_ids[:, completion_start:]  # (B, T)
-    head = model.get_output_embeddings()  # lm_head: logits = head(hidden), as in Qwen2 / Llama
+    return hidden[:, completion_start - 1:L - 1]  # (B, T, H)
 
+
+def head_logprobs(model, hidden, targets, positions=None, temperature=1.0, with_entropy=False,
+                  chunk_size=CHUNK_SIZE):
+    """log pi(target) (B, T) and the entropy (B, T) or None, computed only where `positions` (B, T)
+    bool is True (None: everywhere) and 0 elsewhere. hidden (B, T, H) from completion_hidden,
+    targets (B, T) the completion ids. The lm_head runs on chunks of chunk_size positions, each
+    checkpointed when grad is on: only the (chunk, H) inputs are kept, never (chunk, V) logits."""
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
+    B, T = targets.shape
+    if positions is None:
+        positions = torch.ones((B, T), dtype=torch.bool, device=targets.device)
+    h, y = hidden[positions], targets[positions]  # (n, H), (n,): only the positions asked for
+    head = model.get_output_embeddings()  # lm_head: logits = head(hidden), as in Qwen2 / Llama
     logps, entropies = [], []
-    for s in range(0, targets.shape[1], chunk_size):
-        args = (head, hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size], temperature, with_entropy)
+    for s in range(0, y.shape[0], chunk_size):
+        args = (head, h[s:s + chunk_size], y[s:s + chunk_size], temperature, with_entropy)
         if torch.is_grad_enabled():
-            # Autograd would keep each chunk's (B, chunk, V) log-softmax for the backward pass, i.e. the
-            # full logits after all. Checkpointing keeps only the (B, chunk, H) hidden states and
-            # recomputes one chunk's logits at a time during backward.
+            # Autograd would keep each chunk's (chunk, V) log-softmax for the backward pass, i.e. the
+            # full logits after all. Checkpointing keeps only the (chunk, H) hidden states and
+            # recomputes one chunk's logits at a time during backward. (The entropy is under no_grad
+            # and after the last op that saves a tensor, so torch's early stop skips it on recompute.)
             logp, entropy = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             logp, entropy = _chunk_logprobs(*args)
         logps.append(logp)
         entropies.append(entropy)
-    if not logps:  # T == 0
-        empty = hidden.new_zeros((B, 0), dtype=torch.float32)
-        return empty, (empty.clone() if with_entropy else None)
-    logp = torch.cat(logps, dim=1)  # (B, T)
-    entropy = torch.cat(entropies, dim=1) if with_entropy else None  # (B, T)
+    zeros = torch.zeros((B, T), dtype=torch.float32, device=targets.device)
+    if not logps:  # no position asked for
+        return zeros, (zeros.clone() if with_entropy else None)
+    logp = zeros.masked_scatter(positions, torch.cat(logps))  # (B, T), with grad where computed
+    entropy = zeros.masked_scatter(positions, torch.cat(entropies)) if with_entropy else None
     return logp, entropy
+
+
+def token_logprobs(model, input_ids, attention_mask, completion_start, temperature=1.0, with_entropy=True,
+                   chunk_size=CHUNK_SIZE, positions=None):
+    """Step 5: per-token log-probs and entropies of the completion tokens input_ids[:, completion_start:].
+
+    input_ids, attention_mask: (B, L), left-padded prompt then completion (Rollouts.input_ids /
+    .attention_mask, or a Rollouts.piece). Returns logp (B, T) and entropy (B, T) or None,
+    T = L - completion_start, float32. positions (B, T) bool: compute only there (0 elsewhere);
+    None: every position, padding included (finite but meaningless values there: the caller masks them).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
+    hidden = completion_hidden(model, input_ids, attention_mask, completion_start)  # (B, T, H)
+    return head_logprobs(model, hidden, input_ids[:, completion_start:], positions, temperature, with_entropy,
+                         chunk_size)
