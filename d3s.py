@@ -288,8 +288,8 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
     completion token (defaults to token_mask), used only by GSPO's sequence ratio; num_tokens: the
     kept tokens of the whole step, so several micro-batches add up to the gradient of one batch.
     For GSPO pass GSPO's own small eps (the GSPO paper uses eps_low=3e-4, eps_high=4e-4).
-    Returns (loss scalar, stats dict of floats: clip_frac, ratio_mean, and kl when beta > 0, each a
-    mean over this call's kept tokens; no kept token gives loss 0, clip_frac 0, ratio_mean 1, kl 0).
+    Returns (loss scalar, stats dict of floats: clip_frac, ratio_mean, ratio_min, ratio_max, and kl when
+    beta > 0, over this call's kept tokens; no kept token gives loss 0, clip_frac 0, ratios 1, kl 0).
     """
     _check_choice("loss", loss, LOSSES)
     _check_dim("logp", logp, 2, "2-D (N, T)")
@@ -321,7 +321,8 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
     # masked_fill, not multiplication: padding may hold any value and must not reach the gradient
     delta = (logp - old_logp.detach()).masked_fill(~seq_mask, 0.0)  # (N, T) log-ratio per token
     if loss == "grpo":
-        log_w = delta  # token-level ratio
+        # token-level ratio; only kept tokens enter the loss, and a caller may compute logp only there
+        log_w = delta.masked_fill(~token_mask, 0.0)
     else:
         # [ours] GSPO's ratio is the geometric mean over the completion's tokens. We average over all
         # valid tokens (seq_mask), not only the kept ones: s_i is the likelihood ratio of the sampled
@@ -339,7 +340,7 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
     stats = {}
     if beta > 0:
-        d = (ref_logp.detach() - logp).masked_fill(~seq_mask, 0.0)
+        d = (ref_logp.detach() - logp).masked_fill(~token_mask, 0.0)  # only kept tokens enter the loss
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || ref), >= 0 per token
         per_token = per_token + beta * kl
         stats["kl"] = kl.detach()[token_mask].mean().item() if kept else 0.0
@@ -349,4 +350,6 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
         was_clipped = ((w < 1 - eps_low) & (a < 0)) | ((w > 1 + eps_high) & (a > 0))
         stats["clip_frac"] = was_clipped[token_mask].float().mean().item() if kept else 0.0
         stats["ratio_mean"] = w[token_mask].mean().item() if kept else 1.0
+        stats["ratio_min"] = w[token_mask].min().item() if kept else 1.0
+        stats["ratio_max"] = w[token_mask].max().item() if kept else 1.0
     return loss_value, stats
