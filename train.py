@@ -22,7 +22,9 @@ import math
 import os
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -36,7 +38,7 @@ from data import format_prompt, load_problems
 from eval import evaluate
 from model import load_model
 from reward import score
-from rollout import generate_groups, token_logprobs
+from rollout import completion_hidden, generate_groups, head_logprobs
 
 # -----------------------------------------------------------------------------
 # config: every knob, with its default. None means "pick the default for the world": the first
@@ -78,7 +80,7 @@ class Config:
     beta: float = 0.0                       # k3 KL to the initial model (0: no reference model is kept)
     micro_batch_size: Optional[int] = None  # kept rollouts per forward/backward (the gradient does not depend on it)
     gen_batch_size: Optional[int] = None    # rollouts per generate call (None: all at once)
-    logprob_chunk: int = 256                # positions per lm_head chunk: never the full (B, T, V) float32 logits
+    logprob_chunk: int = 4096               # token positions per lm_head chunk: never the full (B, T, V) float32 logits
     gradient_checkpointing: bool = False    # trade compute for activation memory on big models
     dtype: str = "auto"                     # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
     # evaluation, logging, checkpoints
@@ -152,7 +154,7 @@ def check(cfg):
     must(0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    must(cfg.updates_per_batch == 1, "--updates_per_batch > 1 is not implemented yet")  # being built
+    must(cfg.updates_per_batch >= 1, f"--updates_per_batch must be at least 1, got {cfg.updates_per_batch}")
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
 
@@ -176,6 +178,172 @@ def batch_at(problems, step, size, seed):
 def pop_var(x):
     """Population variance of a 1-D tensor (0 for fewer than 2 values)."""
     return x.var(unbiased=False).item() if x.numel() > 1 else 0.0
+
+
+@dataclass
+class Piece:
+    """A micro-batch of kept rollouts, cut to its own span (Rollouts.piece)."""
+    rows: torch.Tensor                     # (n,) indices into the kept rollouts
+    input_ids: torch.Tensor                # (n, L)
+    attention_mask: torch.Tensor           # (n, L)
+    start: int                             # first completion column of input_ids
+    width: int                             # completion columns: the (n, width) slice of every (N, T) tensor
+    hidden: Optional[torch.Tensor] = None  # (n, width, H) with grad, when step 5 already ran this forward
+
+
+def micro_batches(kept, rows, size):
+    """The kept rollouts `rows` in micro-batches of at most `size`, longest first: sorted by length,
+    each cut to its own span, so a short rollout never pays for a long one's padding. [ours]"""
+    lengths = kept.prompt_mask[rows].sum(dim=1) + kept.completion_mask[rows].sum(dim=1)
+    order = rows[torch.argsort(lengths, descending=True, stable=True)]
+    return [Piece(r, *kept.piece(r)) for r in order.split(size)]
+
+
+def minibatch_rows(n, k, generator):
+    """The K mini-batches of a rollout batch: its n kept rollouts shuffled with the run's seed and
+    split into k parts of near-equal size (D3S.md, "Several updates per rollout batch"). K = 1 keeps
+    them in order and draws no random number, so a K = 1 run is exactly the plain on-policy step."""
+    if k == 1:
+        return [torch.arange(n)]
+    return [part for part in torch.randperm(n, generator=generator).tensor_split(k) if len(part)]
+
+
+@torch.no_grad()
+def old_logprobs(model, kept, parts, cfg, precision, with_entropy):
+    """Step 5 with K > 1: one no-grad forward of the kept rollouts, before any update: logp_old (N, T)
+    of every valid token, and the entropy (N, T) (or None) of the policy that sampled."""
+    valid = kept.completion_mask
+    logp = torch.zeros(valid.shape, device=valid.device)
+    entropy = torch.zeros(valid.shape, device=valid.device) if with_entropy else None
+    for p in parts:
+        with precision():
+            hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
+            lp, ent = head_logprobs(model, hidden, p.input_ids[:, p.start:], valid[p.rows, :p.width],
+                                    cfg.temperature, with_entropy, cfg.logprob_chunk)
+        logp[p.rows, :p.width] = lp
+        if with_entropy:
+            entropy[p.rows, :p.width] = ent
+    return logp, entropy
+
+
+def first_forward_entropy(model, kept, piece, cfg, precision):
+    """Step 5 with K = 1 and one micro-batch: the gradient forward runs now (kept on the piece for
+    step 7) and the entropy comes from its hidden states, no gradient, no extra pass."""
+    with precision():
+        piece.hidden = completion_hidden(model, piece.input_ids, piece.attention_mask, piece.start)
+        with torch.no_grad():
+            _, ent = head_logprobs(model, piece.hidden, piece.input_ids[:, piece.start:],
+                                   kept.completion_mask[piece.rows, :piece.width], cfg.temperature, True,
+                                   cfg.logprob_chunk)
+    entropy = torch.zeros(kept.completion_mask.shape, device=ent.device)
+    entropy[piece.rows, :piece.width] = ent
+    return entropy
+
+
+def backward(model, kept, parts, adv, token_mask, old_logp, cfg, precision, ref_model=None):
+    """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens,
+    divided by their number, and its gradient, accumulated micro-batch by micro-batch. old_logp None:
+    on-policy, the ratio is 1. Returns the statistics, or None when the mini-batch kept no token."""
+    valid = kept.completion_mask
+    num_tokens = sum(int(token_mask[p.rows, :p.width].sum()) for p in parts)  # this update's divisor
+    if num_tokens == 0:
+        return None  # [ours] nothing to learn from: no optimizer step (AdamW would still move the weights)
+    stats = {"loss": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "kl": 0.0, "ratio_min": math.inf,
+             "ratio_max": -math.inf, "tokens": num_tokens}
+    for p in parts:
+        keep, seq, targets = token_mask[p.rows, :p.width], valid[p.rows, :p.width], p.input_ids[:, p.start:]
+        if not keep.any():
+            continue  # no kept token in this micro-batch: no loss term, no forward
+        with precision():
+            hidden = p.hidden if p.hidden is not None else completion_hidden(model, p.input_ids, p.attention_mask, p.start)
+            p.hidden = None  # the graph is used once
+            # the lm_head runs only on the kept tokens: the loss has no other term with a gradient
+            logp, _ = head_logprobs(model, hidden, targets, keep, cfg.temperature, False, cfg.logprob_chunk)
+            if old_logp is None:  # on-policy, one update per batch: logp_old = logp, the ratio is 1
+                old = logp.detach()
+            else:
+                old = old_logp[p.rows, :p.width]
+                if cfg.loss == "gspo":  # s_i averages over every valid token; no gradient off the kept ones
+                    with torch.no_grad():
+                        rest, _ = head_logprobs(model, hidden, targets, seq & ~keep, cfg.temperature, False,
+                                                cfg.logprob_chunk)
+                    logp = logp + rest
+            ref_logp = None
+            if ref_model is not None:  # the frozen initial policy, for the k3 KL term
+                with torch.no_grad():
+                    ref_hidden = completion_hidden(ref_model, p.input_ids, p.attention_mask, p.start)
+                    ref_logp, _ = head_logprobs(ref_model, ref_hidden, targets, keep, cfg.temperature, False,
+                                                cfg.logprob_chunk)
+        loss, st = d3s.policy_loss(logp, old, adv[p.rows], keep, num_tokens, loss=cfg.loss, eps_low=cfg.clip_eps_low,
+                                   eps_high=cfg.clip_eps_high, ref_logp=ref_logp, beta=cfg.beta, seq_mask=seq)
+        loss.backward()
+        share = int(keep.sum()) / num_tokens  # policy_loss's stats are means over its own kept tokens
+        stats["loss"] += loss.item()
+        for k in ("clip_frac", "ratio_mean", "kl"):
+            stats[k] += st.get(k, 0.0) * share
+        stats["ratio_min"], stats["ratio_max"] = min(stats["ratio_min"], st["ratio_min"]), max(stats["ratio_max"], st["ratio_max"])
+    return stats
+
+
+def optimizer_step(model, optimizer, grad_clip, loss):
+    """Clip the gradient norm and step; a NaN/inf loss or gradient is not applied. -> (grad_norm, skipped)"""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    skipped = not (math.isfinite(loss) and torch.isfinite(grad_norm))
+    if skipped:  # counted in the log
+        tqdm.write("warning: a non-finite loss or gradient; this update is skipped")
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": grad_norm.item(), "skipped": int(skipped)}
+
+
+def step_stats(updates, num_tokens):
+    """The step's statistics over its updates: means weighted by each update's kept tokens."""
+    done = updates
+    if not done:
+        return {"loss": 0.0, "losses": [], "grad_norm": 0.0, "clip_frac": 0.0, "ratio": 1.0, "ratio_min": 1.0,
+                "ratio_max": 1.0, "kl": 0.0, "updates": 0, "skipped": 0}
+
+    def mean(key):
+        return sum(u[key] * u["tokens"] for u in done) / max(num_tokens, 1)
+    return {"loss": sum(u["loss"] for u in done) / len(done), "losses": [u["loss"] for u in done],
+            "grad_norm": sum(u["grad_norm"] for u in done) / len(done), "clip_frac": mean("clip_frac"),
+            "ratio": mean("ratio_mean"), "ratio_min": min(u["ratio_min"] for u in done),
+            "ratio_max": max(u["ratio_max"] for u in done), "kl": mean("kl"), "updates": len(done),
+            "skipped": sum(u["skipped"] for u in done)}
+
+
+class Signals:
+    """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both end
+    the run with a checkpoint. Between a batch's first optimizer step and its log line they wait
+    (`hold`), so that a checkpoint always falls on a rollout-batch boundary; a second signal then
+    quits at once, without saving. Installed only in the main thread (Python's rule for signals)."""
+
+    def __init__(self):
+        self.received, self.hold, self.old = None, False, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+    def handler(self, signum, frame):
+        first = self.received is None
+        self.received = signum
+        if self.hold and first:
+            tqdm.write("stopping after this batch's updates (signal again to quit without saving)")
+            return
+        raise KeyboardInterrupt
+
+    def release(self):
+        """End of a batch: a signal that came during it ends the run now."""
+        self.hold = False
+        if self.received is not None:
+            raise KeyboardInterrupt
 
 
 def rng_state(generator):
@@ -242,6 +410,9 @@ def train(cfg, log=print):
     # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU:
     # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
     autocast = device.startswith("cuda") and cfg.dtype == "auto" and torch.cuda.is_bf16_supported()
+
+    def precision():
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast)
     weights = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
     train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)  # data first: a typo fails fast
     eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
@@ -258,7 +429,7 @@ def train(cfg, log=print):
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)  # after loading: a run that first builds out/tiny samples what later runs do
-    generator = torch.Generator().manual_seed(cfg.seed)  # for the `random` selection control
+    generator = torch.Generator().manual_seed(cfg.seed)  # the `random` control and the mini-batch shuffle
     start, history, tokens_trained = 0, [], 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -276,10 +447,11 @@ def train(cfg, log=print):
     if state is None and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run in an old folder starts a fresh log
     log(f"run {run_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
-        f"tokens, {method['schedule']} schedule) + {cfg.loss} | {len(train_set)} train / {len(eval_set)} eval prompts")
+        f"tokens, {method['schedule']} schedule) + {cfg.loss}, {cfg.updates_per_batch} update(s) per batch | "
+        f"{len(train_set)} train / {len(eval_set)} eval prompts")
 
     def held_out(step, tokens):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        with precision():
             res = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
                            batch_size=cfg.gen_batch_size or 256)
         history.append({"step": step, "tokens": tokens, "accuracy": res["accuracy"]})
@@ -289,139 +461,114 @@ def train(cfg, log=print):
 
     if not history:
         held_out(0, 0)
+    K, G = cfg.updates_per_batch, cfg.group_size
     completed, step, rng = start, start, rng_state(generator)  # completed: steps fully applied to the model
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, dynamic_ncols=True)
-    try:
-        for step in bar:
-            rng = rng_state(generator)  # a Ctrl-C inside this step resumes from here, exactly
-            # the schedule: aggressive early, relaxed late (D3S.md, "Schedule")
-            rho_s, rho_t = d3s.keep_ratios(step, cfg.steps, method["schedule"], cfg.s_init, cfg.s_final,
-                                           cfg.t_init, cfg.t_final)
-            rho_t = method.get("t_keep", rho_t)  # the 80/20 baseline keeps a fixed 20% of tokens
+    with Signals() as signals:
+        try:
+            for step in bar:
+                rng = rng_state(generator)  # a Ctrl-C inside this step resumes from here, exactly
+                # the schedule: aggressive early, relaxed late (D3S.md, "Schedule")
+                rho_s, rho_t = d3s.keep_ratios(step, cfg.steps, method["schedule"], cfg.s_init, cfg.s_final,
+                                               cfg.t_init, cfg.t_final)
+                rho_t = method.get("t_keep", rho_t)  # the 80/20 baseline keeps a fixed 20% of tokens
 
-            # 1. rollout: G samples per prompt, group by group
-            t0 = time.time()
-            batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
-            prompts = [format_prompt(tokenizer, row["prompt"]) for row in batch]
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                ro = generate_groups(model, tokenizer, prompts, cfg.group_size, cfg.max_new_tokens,
-                                     temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.gen_batch_size)
-            t_gen = time.time() - t0
+                # 1. rollout: G samples per prompt, group by group (and the sampler's entropy, for the log)
+                t0 = time.time()
+                batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
+                prompts = [format_prompt(tokenizer, row["prompt"]) for row in batch]
+                with precision():
+                    rollouts = generate_groups(model, tokenizer, prompts, G, cfg.max_new_tokens, temperature=cfg.temperature,
+                                               top_p=cfg.top_p, batch_size=cfg.gen_batch_size, record_entropy=True)
+                t_gen, t0 = time.time() - t0, time.time()
 
-            # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
-            t0 = time.time()
-            references = [row["answer"] for row in batch for _ in range(cfg.group_size)]
-            rewards, rstats = score(ro.texts, references)
-            rewards = torch.tensor(rewards, dtype=torch.float32)  # (B,)
+                # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
+                references = [row["answer"] for row in batch for _ in range(G)]
+                rewards, reward_stats = score(rollouts.texts, references)
+                rewards = torch.tensor(rewards, dtype=torch.float32)  # (B,)
 
-            # 3. advantages on the full group (GRPO)
-            adv = d3s.group_advantages(rewards, cfg.group_size, scale=cfg.scale)  # (B,)
-            # 4. sample-level down-sampling: max-variance subset, not re-normalised (pods re-normalises)
-            idx, adv_kept = d3s.select_samples(rewards, adv, cfg.group_size, rho_s, method["sample"],
-                                               generator=generator, scale=cfg.scale)
-            kept = ro.select(idx.to(ro.group.device))
-            adv_kept = adv_kept.to(device)
-            N = len(idx)
+                # 3. advantages on the full group (GRPO)
+                adv = d3s.group_advantages(rewards, G, scale=cfg.scale)  # (B,)
 
-            # 5. forward of the kept rollouts only: per-token log-probs (with grad) and entropy (without)
-            valid = kept.completion_mask  # (N, T)
-            mbs = [slice(s, s + cfg.micro_batch_size) for s in range(0, N, cfg.micro_batch_size)]
-            need_scores = method["token"] != "none"
+                # 4. sample-level down-sampling: max-variance subset, not re-normalised (pods re-normalises)
+                idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator=generator,
+                                                   scale=cfg.scale)
+                kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
+                valid, N = kept.completion_mask, len(idx)  # (N, T)
 
-            def forward(sl, with_entropy=True, policy=model):
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                    return token_logprobs(policy, kept.input_ids[sl], kept.attention_mask[sl], kept.completion_start,
-                                          cfg.temperature, with_entropy=with_entropy, chunk_size=cfg.logprob_chunk)
+                # 5. the kept rollouts' token entropy for selection, and logp_old when K > 1 (the only
+                #    forward without gradient); the dropped rollouts never reach the model again
+                parts = micro_batches(kept, torch.arange(N, device=device), cfg.micro_batch_size)
+                select_tokens, old_logp, entropy = method["token"] != "none", None, None
+                if K > 1:
+                    old_logp, entropy = old_logprobs(model, kept, parts, cfg, precision, select_tokens)
+                elif select_tokens and len(parts) == 1:
+                    entropy = first_forward_entropy(model, kept, parts[0], cfg, precision)
+                elif select_tokens:  # [ours] recorded while sampling (rollout.py): no extra pass
+                    entropy = kept.entropy
 
-            entropy, first = None, None
-            if len(mbs) == 1:
-                first = forward(mbs[0])  # with grad; the entropy comes with it, no extra pass
-                entropy = first[1]
-            elif need_scores:
-                # token selection is pooled over the whole step, so with several micro-batches it needs
-                # every kept rollout's entropy before the first backward: one extra no-grad pass.
-                with torch.no_grad():
-                    entropy = torch.cat([forward(sl)[1] for sl in mbs])
+                # 6. token-level down-sampling: top rho_t of |A| * H, pooled over all kept tokens of the step
+                if select_tokens:
+                    token_mask = d3s.select_tokens(d3s.token_scores(adv_kept, entropy, method["token"]), valid, rho_t)
+                else:
+                    token_mask = valid
+                num_tokens = int(token_mask.sum())
 
-            # 6. token-level down-sampling: top rho_t of |A| * H, pooled over all kept tokens of the step
-            if need_scores:
-                scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T)
-                token_mask = d3s.select_tokens(scores, valid, rho_t)  # (N, T) bool
-            else:
-                token_mask = valid
-            num_tokens = int(token_mask.sum())
+                # 7. K optimizer steps, one per mini-batch, each divided by its own kept tokens
+                minibatches = [parts] if K == 1 else [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
+                                                      for rows in minibatch_rows(N, K, generator)]
+                updates = []
+                for mb in minibatches:
+                    u = backward(model, kept, mb, adv_kept, token_mask, old_logp, cfg, precision, ref_model)
+                    if u is not None:
+                        signals.hold = True  # the weights move now: a signal waits for the batch to finish
+                        updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip, u["loss"])})
+                completed, tokens_trained = step + 1, tokens_trained + num_tokens
+                t_upd = time.time() - t0
 
-            # 7. loss over the kept tokens / the step's kept-token count, then one optimizer step
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum, clip_sum, ratio_sum, kl_sum, pieces = 0.0, 0.0, 0.0, 0.0, []
-            for i, sl in enumerate(mbs):
-                logp, ent = first if i == 0 and first is not None else forward(sl, with_entropy=entropy is None)
-                pieces.append(ent)
-                ref_logp = None
-                if ref_model is not None:  # the frozen initial policy, for the k3 KL term
-                    with torch.no_grad():
-                        ref_logp, _ = forward(sl, with_entropy=False, policy=ref_model)
-                # on-policy, one update per batch: old_logp = logp.detach(), the ratio is 1 (D3S.md, "Loss")
-                loss, st = d3s.policy_loss(logp, logp.detach(), adv_kept[sl], token_mask[sl], num_tokens,
-                                           loss=cfg.loss, eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
-                                           ref_logp=ref_logp, beta=cfg.beta, seq_mask=valid[sl])
-                loss.backward()
-                share = int(token_mask[sl].sum()) / max(num_tokens, 1)  # stats are per-call means over kept tokens
-                loss_sum += loss.item()
-                clip_sum += st["clip_frac"] * share
-                ratio_sum += st["ratio_mean"] * share
-                kl_sum += st.get("kl", 0.0) * share
-            if entropy is None:  # only for the log
-                entropy = torch.cat(pieces)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            skipped = not (math.isfinite(loss_sum) and torch.isfinite(grad_norm))
-            if skipped:  # a NaN/inf step is skipped, not applied, and counted in the log
-                optimizer.zero_grad(set_to_none=True)
-                tqdm.write(f"warning: step {step} has a non-finite loss or gradient; skipped")
-            else:
-                optimizer.step()
-            completed, tokens_trained = step + 1, tokens_trained + num_tokens
-            t_upd = time.time() - t0
+                # log: one line per step, the same fields (and more) in log.jsonl
+                stats = step_stats(updates, num_tokens)
+                row = {
+                    "step": step, "reward": rewards.mean().item(),
+                    "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
+                    "kept": N, "rollouts": len(rewards), "tokens": num_tokens, "valid": int(valid.sum()),
+                    "valid_all": int(rollouts.completion_mask.sum()), "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
+                    "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
+                    "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
+                    **stats, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd,
+                    "tokens_trained": tokens_trained,
+                }
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                line = (
+                    f"step {step:4d} | reward {row['reward']:.2f} | zero-var {row['zero_var']:.2f} | kept {N}/{len(rewards)} | "
+                    f"tokens {num_tokens}/{row['valid']} | var(A) {row['var_adv']:.2f}->{row['var_kept']:.2f} | "
+                    f"entropy {row['entropy']:.2f} | len {row['length']:.0f} | trunc {row['truncated']:.2f} | "
+                    f"grad {row['grad_norm']:.2f}"
+                    + (f" | clip {row['clip_frac']:.3f} ratio {row['ratio_min']:.3f}-{row['ratio_max']:.3f}" if K > 1 else "")
+                    + f" | gen {t_gen:.1f}s upd {t_upd:.1f}s"
+                )
+                tqdm.write(line) if cfg.progress else log(line)
+                signals.release()
 
-            # log: one line per step, the same fields in log.jsonl
-            G = cfg.group_size
-            zero_var = (rewards.view(-1, G).std(dim=1) == 0).float().mean().item()
-            row = {
-                "step": step, "reward": rewards.mean().item(), "zero_var": zero_var,
-                "kept": N, "rollouts": len(rewards), "tokens": num_tokens, "valid": int(valid.sum()),
-                "valid_all": int(ro.completion_mask.sum()),
-                "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
-                "entropy": entropy[valid].mean().item(), "length": ro.lengths.float().mean().item(),
-                "truncated": ro.truncated.float().mean().item(), "no_answer": rstats["no_answer"],
-                "loss": loss_sum, "grad_norm": grad_norm.item(), "clip_frac": clip_sum, "ratio": ratio_sum,
-                "kl": kl_sum, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd,
-                "skipped": int(skipped), "tokens_trained": tokens_trained,
-            }
-            with open(log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            line = (
-                f"step {step:4d} | reward {row['reward']:.2f} | zero-var {zero_var:.2f} | kept {N}/{len(rewards)} | "
-                f"tokens {num_tokens}/{row['valid']} | var(A) {row['var_adv']:.2f}->{row['var_kept']:.2f} | "
-                f"entropy {row['entropy']:.2f} | len {row['length']:.0f} | trunc {row['truncated']:.2f} | "
-                f"grad {row['grad_norm']:.2f} | gen {t_gen:.1f}s upd {t_upd:.1f}s"
-            )
-            tqdm.write(line) if cfg.progress else log(line)
-
-            # evaluate and checkpoint
-            if completed % cfg.eval_every == 0 or completed == cfg.steps:
-                held_out(completed, tokens_trained)
-            if completed % cfg.save_every == 0 or completed == cfg.steps:
-                save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng_state(generator), history,
-                                tokens_trained)
-    except KeyboardInterrupt:
-        bar.close()
-        # an unfinished step is dropped and replayed on resume from the random state it started with
-        if completed == step + 1:
-            rng = rng_state(generator)
-        save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng,
-                        [h for h in history if h["step"] <= completed], tokens_trained)
-        log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume {run_dir}")
-        raise
+                # evaluate and checkpoint
+                if completed % cfg.eval_every == 0 or completed == cfg.steps:
+                    held_out(completed, tokens_trained)
+                if completed % cfg.save_every == 0 or completed == cfg.steps:
+                    save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng_state(generator), history,
+                                    tokens_trained)
+        except KeyboardInterrupt:
+            bar.close()
+            if signals.hold and completed == step:  # a second signal between two updates: the weights are mid-batch
+                log(f"\nquit without saving; continue from the last checkpoint: python train.py --resume {run_dir}")
+                raise
+            # an unfinished step is dropped and replayed on resume from the random state it started with
+            if completed == step + 1:
+                rng = rng_state(generator)
+            save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng,
+                            [h for h in history if h["step"] <= completed], tokens_trained)
+            log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume {run_dir}")
+            raise KeyboardInterrupt(signals.received or signal.SIGINT)
     bar.close()
     first, last = history[0]["accuracy"], history[-1]["accuracy"]
     log(f"done: held-out accuracy {first:.3f} -> {last:.3f} ({cfg.eval_dataset}, {len(eval_set)} prompts, greedy); "
@@ -450,8 +597,8 @@ def main(argv=None):
     except ValueError as e:  # bad input: one line, exit code 2, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # saved a checkpoint; 130 for Ctrl-C, 143 for SIGTERM (128 + the signal)
+        sys.exit(128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT))
 
 
 if __name__ == "__main__":
