@@ -26,6 +26,32 @@ visibly learns on two CPU cores with no download. `python train.py` uses it by d
 - pretrained(path): the warmed-up model as an ordinary HF folder (save_pretrained), built once and
   reused by later runs; rebuilt when missing.
 
+The worlds (WORLDS, by name: `--model tiny-long` trains that world's warmed-up model on its own
+questions). The default, "tiny", is the one above. The harder ones [ours] are where D3S's mechanism
+should matter more:
+  tiny-long  8 terms: 7 worked steps, a 50-token solution instead of 26, so token selection has more
+             to choose from. The teacher forgets the carry 40% of the time, not 60%: over 7 steps a
+             60% teacher leaves a greedy model right 0.7% of the time (measured), nothing to climb from.
+  tiny-weak  the default world with half the warm-up (100 steps): lower starting accuracy and
+             more all-wrong groups, whose advantages are all 0.
+Their starting points, measured once (seed 0, 1 CPU thread; greedy on the whole test split; sampled
+at T = 1, 8 answers to each of 256 training questions, the groups of a GRPO step):
+
+  world      terms  warm-up  noise  greedy (test)     sampled  all-wrong groups  all-right  solution  max_new_tokens
+  tiny       4      200      0.6    21.6% of 1036     24.8%    26.6%             1.2%       26        32
+  tiny-long  8      200      0.4    19.8% of 1024     13.2%    41.0%             0.0%       50        64
+  tiny-weak  4      100      0.6    10.0% of 1036     10.2%    43.8%             0.0%       26        32
+
+(solution: tokens of a worked solution with its <eos>, 6 * terms + 2; max_new_tokens: the budget
+train.py should give the world, with room for a longer wrong answer.) Also tried: 8 terms with noise
+0.5 (greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps at 0.4 (greedy 43.5%, sampled
+17.7%, 30% all-wrong); the default world at noise 0.8 (greedy 9.8%, sampled 17.6%) or 60 warm-up
+steps (greedy 10.1%, sampled 9.6%).
+
+Chains longer than 4 terms have too many questions to list (10**8 for 8 terms): a world of more than
+QUESTIONS = 10**4 questions uses a fixed sample of that many (questions()), split by the same hash
+rule, about 1000 of them held out; 4 terms list all 10**4, exactly as before.
+
 Train and test never share a question: a question's split is a hash of its text.
 """
 import hashlib
@@ -43,17 +69,21 @@ PAD, EOS = "<pad>", "<eos>"
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
 NUM_TERMS = 4          # digits per question: 4 digits -> 3 worked steps
 TEST_SHARE = 10        # 1 question in TEST_SHARE is held out (by hash), never trained on
+QUESTIONS = 10 ** 4    # questions per world (train + test): all of them for 4 terms, a fixed sample for longer chains
 WARMUP_NOISE = 0.6     # [ours] chance that the teacher forgets the carry on a wrapping step
 WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU cores
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
-MAX_NEW_TOKENS = 32    # a full solution is 25 tokens with its <eos>
+MAX_NEW_TOKENS = 32    # a full solution is 26 tokens with its <eos> (6 * terms + 2)
 VERSION = 2            # of the warmed-up folder: pretrained() rebuilds a folder made by another version
 
 # The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is the
-# default world, built from the constants above; harder ones vary the chain length and the warm-up.
+# default world, built from the constants above; harder ones vary the chain length and the warm-up
+# (their starting points are in the docstring). max_new_tokens: the completion budget the world needs.
 WORLDS = {
-    "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
+    "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE, max_new_tokens=MAX_NEW_TOKENS),
+    "tiny-long": dict(terms=8, warmup_steps=WARMUP_STEPS, noise=0.4, max_new_tokens=64),   # 7 steps, 50 tokens
+    "tiny-weak": dict(terms=NUM_TERMS, warmup_steps=100, noise=WARMUP_NOISE, max_new_tokens=MAX_NEW_TOKENS),
 }
 
 
@@ -134,13 +164,24 @@ def world_of(model):
     return None
 
 
+def questions(terms=NUM_TERMS):
+    """The digit lists of a world's questions, before the train/test split: all 10**terms of them when
+    that is at most QUESTIONS (4 terms: every question, in counting order), else [ours] a fixed sample
+    of QUESTIONS distinct ones, drawn with a random.Random(terms), so every split, seed and run sees the
+    same questions (10**8 of them could not be listed; 10**4 keep the test split near 1000)."""
+    if 10 ** terms <= QUESTIONS:
+        numbers = range(10 ** terms)
+    else:
+        numbers = sorted(random.Random(terms).sample(range(10 ** terms), QUESTIONS))
+    return [[int(c) for c in str(n).zfill(terms)] for n in numbers]
+
+
 def problems(split="train", limit=None, seed=0, terms=NUM_TERMS):
     """All questions of a split as {"prompt", "answer"} rows, shuffled by `seed` (deterministic)."""
     if split not in ("train", "test"):
         raise ValueError(f"tiny has splits train and test, got split={split!r}")
     rows = []
-    for n in range(10 ** terms):
-        digits = [int(c) for c in str(n).zfill(terms)]
+    for digits in questions(terms):
         question = "+".join(map(str, digits))
         if _is_test(question) == (split == "test"):
             rows.append({"prompt": question, "answer": str(sum(digits) % 10)})

@@ -1,0 +1,66 @@
+"""tiny.py's worlds: the default world's questions exactly as before the named worlds (the same rows in
+the same order), long chains from a fixed sample with disjoint splits, every world's settings (its
+token budget fits a worked solution), and a world's warmed-up folder built, recognised and rebuilt."""
+import hashlib
+import json
+
+import pytest
+
+import tiny
+
+
+def digest(rows):
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def test_default_world_questions_are_unchanged():
+    train, test = tiny.problems("train"), tiny.problems("test")
+    assert (len(train), len(test)) == (8964, 1036)  # all 10**4 four-digit questions, 1 in 10 held out by hash
+    assert train[:2] == [{"prompt": "2+3+9+5", "answer": "9"}, {"prompt": "6+2+1+6", "answer": "5"}]
+    assert test[:2] == [{"prompt": "3+9+9+2", "answer": "3"}, {"prompt": "5+7+9+5", "answer": "6"}]
+    # the digests of the whole lists as they were before long chains existed (commit fe5f152)
+    assert digest(train) == "178a38ba2d95b2751938b7559e8213dae6293c61d2a37ee3ab61c00f138e59fc"
+    assert digest(test) == "be89c1c84d02753439c334da74237fd044102cff2ec946ce7d74dd42bc30a34e"
+
+
+@pytest.mark.parametrize("terms", [6, 8])
+def test_long_chains_are_a_fixed_sample_with_disjoint_splits(terms):
+    train, test = tiny.problems("train", terms=terms), tiny.problems("test", terms=terms)
+    assert len(train) + len(test) == tiny.QUESTIONS == 10_000      # a sample, not 10**terms questions
+    assert 900 <= len(test) <= 1100                              # about 1 in TEST_SHARE
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    for r in train[:50] + test[:50]:
+        digits = [int(d) for d in r["prompt"].split("+")]
+        assert len(digits) == terms and r["answer"] == str(sum(digits) % 10)
+    # another seed shuffles the same questions; a second call gives the same rows
+    again = tiny.problems("train", seed=1, terms=terms)
+    assert again != train and sorted(again, key=str) == sorted(train, key=str)
+    assert tiny.problems("test", terms=terms) == test
+
+
+def test_every_world_is_complete_and_its_budget_fits_a_solution():
+    tokenizer = tiny.build_tokenizer()
+    assert tiny.WORLDS["tiny"] == dict(terms=4, warmup_steps=200, noise=0.6, max_new_tokens=32)
+    for name, spec in tiny.WORLDS.items():
+        assert name == "tiny" or name.startswith("tiny-")
+        assert set(spec) == {"terms", "warmup_steps", "noise", "max_new_tokens"}
+        # a worked solution is 6 * terms + 2 tokens: " ", terms-1 lines "a+b=c" and their newlines,
+        # "\n#### d" and <eos> (26 for 4 terms); the budget leaves room for a longer, wrong answer
+        solution = tiny.solve([9] * spec["terms"]) + tiny.EOS
+        assert len(tokenizer(solution, add_special_tokens=False)["input_ids"]) == 6 * spec["terms"] + 2
+        assert spec["max_new_tokens"] >= 6 * spec["terms"] + 2 + 4
+
+
+def test_a_worlds_folder_is_built_recognised_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setitem(tiny.WORLDS, "tiny-test", dict(terms=3, warmup_steps=2, noise=0.5, max_new_tokens=24))
+    built = []
+    path = tiny.pretrained(str(tmp_path / "w"), name="tiny-test", log=built.append)
+    assert len(built) > 0 and tiny.world_of(path) == "tiny-test"
+    marker = json.loads((tmp_path / "w" / "tiny.json").read_text())
+    assert (marker["world"], marker["terms"], marker["steps"], marker["noise"]) == ("tiny-test", 3, 2, 0.5)
+    built.clear()
+    tiny.pretrained(path, name="tiny-test", log=built.append)
+    assert built == []  # reused
+    monkeypatch.setitem(tiny.WORLDS, "tiny-test", dict(terms=3, warmup_steps=2, noise=0.4, max_new_tokens=24))
+    tiny.pretrained(path, name="tiny-test", log=built.append)
+    assert built and json.loads((tmp_path / "w" / "tiny.json").read_text())["noise"] == 0.4  # rebuilt
