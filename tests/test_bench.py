@@ -1,9 +1,12 @@
-"""bench.py: a 2-step, 1-seed benchmark of grpo and d3s on the tiny world, its table checked against
-results.json, against the runs' own log.jsonl / train.log, and against the schedule by hand; the
-aggregation on hand-made runs (std, steps to GRPO, failures); bad input."""
+"""bench.py: the study's numbers (95% t intervals, paired differences, AUC, steps to GRPO with a bootstrap
+interval, seconds to GRPO, shares) against hand computations on fake run folders; reuse of finished
+runs and refusal of a changed config; per-method learning rates, the tuning mode and its lrs.json;
+the schedule knobs reaching only the methods that read them; and a real 2-step run of grpo and d3s,
+its table checked against the runs' own log.jsonl / train.log / config.json."""
 import contextlib
 import io
 import json
+import math
 import re
 import shutil
 
@@ -11,19 +14,279 @@ import pytest
 import torch
 
 import bench
+import train
 
-ARGS = ["--methods", "grpo,d3s", "--seeds", "1", "--steps", "2", "--eval_every", "1", "--eval_size", "16",
-        "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench"]
+# -----------------------------------------------------------------------------
+# helpers
 
 
 def table_rows(text):
-    """{method: [cells]} from the markdown table in a printed text."""
+    """{method (and lr when a method has several rows): [cells]} from the markdown table in a text."""
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| ") and cells[0] in bench.d3s.METHODS:
-            rows[cells[0]] = cells
+            rows[cells[0] if cells[0] not in rows else f"{cells[0]} {cells[1]}"] = cells
     return rows
+
+
+def fake_steps(steps, kept, tokens, t_gen, t_upd):
+    return [{"step": i, "reward": 0.5, "kept": kept, "rollouts": 128, "tokens": tokens, "valid": 2 * tokens,
+             "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "skipped": 0} for i in range(steps)]
+
+
+def fake_folders(args, accs, per_step, tmp_path):
+    """Write a finished run folder (result.json) for every (method, lr, seed) that `args` asks for, as if
+    bench had run it: accs[(method, lr, seed)] are the accuracies at steps 0, 10, 20 (tokens: 100 a step),
+    per_step[method](seed) the per-step rows. Returns the configs."""
+    _, cfgs = bench.configs(bench.parse_args(args))
+    for cfg in cfgs:
+        history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a}
+                   for i, a in enumerate(accs[(cfg.method, cfg.lr, cfg.seed)])]
+        result = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "",
+                  "history": history, "steps": per_step[cfg.method](cfg.seed), "wall": 10.0, "error": None}
+        (tmp_path / cfg.out_dir).mkdir(parents=True)
+        (tmp_path / cfg.out_dir / "result.json").write_text(json.dumps({"config": bench.as_json(cfg), "result": result}))
+    return cfgs
+
+
+def main(args, capsys):
+    """Run bench.main, return what it printed."""
+    bench.main(args)
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+def no_training(monkeypatch, tmp_path):
+    """Work in tmp_path; any run that bench would start fails the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "run_one", lambda cfg: pytest.fail(f"{cfg.out_dir} was run, not reused"))
+    return tmp_path
+
+# -----------------------------------------------------------------------------
+# statistics, by hand
+
+
+def test_t_quantile_matches_the_printed_table():
+    # Student's t, two-sided 95%: the textbook table's values
+    for df, t in [(1, 12.706), (2, 4.303), (3, 3.182), (7, 2.365), (15, 2.131), (30, 2.042)]:
+        assert bench.t_quantile(df) == pytest.approx(t, abs=5e-4)
+    assert 1.96 < bench.t_quantile(10_000) < 1.961  # the normal's 1.95996 in the limit
+
+
+def test_mean_ci_auc_first_reach():
+    m, ci = bench.mean_ci([0.5, 0.6, 0.7])  # sd 0.1, n 3: 4.303 * 0.1 / sqrt(3)
+    assert m == pytest.approx(0.6) and ci == pytest.approx(4.3027 * 0.1 / math.sqrt(3), rel=1e-4)
+    assert bench.mean_ci([0.4]) == (0.4, None)
+    # (10 * (0.2 + 0.4) / 2 + 20 * (0.4 + 0.5) / 2) / 30 = (3 + 9) / 30
+    assert bench.auc([{"step": 0, "accuracy": 0.2}, {"step": 10, "accuracy": 0.4},
+                      {"step": 30, "accuracy": 0.5}]) == pytest.approx(0.4)
+    assert bench.first_reach([0, 10, 20], [0.2, 0.5, 0.6], 0.5) == 10
+    assert bench.first_reach([0, 10, 20], [0.2, 0.3, 0.6], 0.1 + 0.2 + 0.3) == 20  # 0.6000000000000001: reached
+    assert bench.first_reach([0, 10, 20], [0.2, 0.3, 0.4], 0.5) is None
+
+
+def test_reach_interval_two_seeds_by_hand():
+    # seed A reaches GRPO's 0.5 at step 10, seed B never; a resample of 2 seeds is AA (1/4: step 10),
+    # AB (1/2: mean .2 .4 .5, step 20) or BB (1/4: never). Both AA and BB are far above 2.5% of 1000.
+    lo, hi, reached = bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5])
+    assert (lo, hi) == (10, None)
+    assert 0.70 < reached < 0.80  # 3/4 of the resamples reach it
+    assert bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5]) == (lo, hi, reached)  # seeded
+    # every resample reaches at the same step: the interval is that step
+    assert bench.reach_interval([0, 10, 20], [[0.2, 0.7, 0.6], [0.2, 0.8, 0.7]], [0.5, 0.7]) == (10, 10, 1.0)
+
+# -----------------------------------------------------------------------------
+# the table of a fake study, by hand
+
+
+STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10", "--out", "study"]
+ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, seed); lr is train.py's default 1e-4
+    ("grpo", 1e-4, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1): [0.2, 0.3, 0.6], ("grpo", 1e-4, 2): [0.2, 0.5, 0.7],
+    ("d3s", 1e-4, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1): [0.2, 0.8, 0.7], ("d3s", 1e-4, 2): [0.2, 0.7, 0.9],
+    ("d2s", 1e-4, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 2): [0.2, 0.3, 0.4],
+}
+PER_STEP = {  # 20 steps each; grpo keeps all 128 rollouts and 1000 tokens a step
+    "grpo": lambda seed: fake_steps(20, kept=128, tokens=1000, t_gen=1.0 + 0.1 * seed, t_upd=0.5),
+    "d3s": lambda seed: fake_steps(20, kept=64, tokens=150, t_gen=1.0, t_upd=0.3),
+    "d2s": lambda seed: fake_steps(20, kept=32, tokens=50, t_gen=1.0, t_upd=0.2),
+}
+
+
+def test_study_table_by_hand(no_training, capsys):
+    fake_folders(STUDY, ACCS, PER_STEP, no_training)
+    printed = main(STUDY, capsys)
+    assert "9 runs: 9 finished before (reused), 0 to run" in printed
+    res = json.loads((no_training / "study" / "results.json").read_text())
+    grpo, d3s, d2s = res["table"]
+    t2 = 4.302653  # t(0.975, 2 degrees of freedom): 3 seeds
+    # grpo: finals .5 .6 .7 (sd .1); AUC (10*(.2+.4)/2 + 10*(.4+.5)/2)/20 = .375, then .35, .475
+    assert grpo["final"] == [60.0, round(100 * t2 * 0.1 / math.sqrt(3), 1)] == [60.0, 24.8]
+    assert grpo["auc"] == [40.0, 16.4]          # sd of .375 .35 .475 = sqrt(.004375) = .0661
+    assert grpo["final_diff"] == [0.0, 0.0] and grpo["auc_diff"] == [0.0, 0.0]
+    # its own mean curve .2 .4 .6 reaches its final .6 at step 20, in every resample (each seed's step-10
+    # value is below its own final); the 20 steps before cost (1.0 + 1.1 + 1.2) / 3 * 20 s + 0.5 * 20 s
+    assert (grpo["steps_to_grpo"], grpo["steps_ci"], grpo["reached"]) == (20, [20, 20], 1.0)
+    assert grpo["s_to_grpo"] == [22.0, 10.0]
+    # d3s: finals .6 .7 .9; AUC .55 .625 .625; paired differences .1 .1 .2 and .175 .275 .15
+    assert d3s["final"] == [73.3, 37.9] and d3s["auc"] == [60.0, 10.8]
+    assert d3s["final_diff"] == [13.3, 14.3] and d3s["auc_diff"] == [20.0, 16.4]
+    # step-10 values .7 .8 .7 are at or above any resample's target (at most .7): step 10 always
+    assert (d3s["steps_to_grpo"], d3s["steps_ci"], d3s["reached"]) == (10, [10, 10], 1.0)
+    assert d3s["s_to_grpo"] == [10.0, 3.0]     # steps 0..9: 10 * 1.0 s generating, 10 * 0.3 s updating
+    assert (d3s["rollouts"], d3s["rollouts_pct"], d3s["tokens"], d3s["tokens_pct"]) == (1280, 50.0, 3000, 15.0)
+    assert (grpo["t_gen"], d3s["t_upd"]) == (1.1, 0.3)
+    # d2s: .2 .3 .4 for every seed: never reaches .6, in no resample
+    assert d2s["final"] == [40.0, 0.0] and d2s["auc"] == [30.0, 0.0]
+    assert d2s["final_diff"] == [-20.0, 24.8] and d2s["auc_diff"] == [-10.0, 16.4]
+    assert (d2s["steps_to_grpo"], d2s["steps_ci"], d2s["reached"], d2s["s_to_grpo"]) == (None, [None, None], 0.0, None)
+    # the printed table is those numbers
+    rows = table_rows(printed)
+    assert table_rows((no_training / "study" / "results.md").read_text()) == rows
+    assert rows["grpo"][1:8] == ["0.0001", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4", "+0.0 ± 0.0", "20 [20, 20]", "32 (22+10)"]
+    assert rows["d3s"][2:10] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4", "10 [10, 10]",
+                                 "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
+    assert rows["d2s"][3:8] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4", "not reached [never, never]", "-"]
+    assert rows["d2s"][-1] == "3/3"
+    # the plot's curves: seed means, t intervals, paired differences to grpo
+    curve = res["curves"]["d3s lr 0.0001"]
+    assert curve["step"] == [0, 10, 20] and curve["acc_mean"] == pytest.approx([0.2, 2.2 / 3, 2.2 / 3])
+    assert curve["acc_ci"][0] == 0.0 and curve["acc_ci"][1] == pytest.approx(t2 * math.sqrt(1 / 300) / math.sqrt(3), rel=1e-4)
+    assert curve["diff_mean"] == pytest.approx([0.0, 0.3333333, 0.1333333])  # (.3 .5 .2) and (.1 .1 .2)
+    assert (no_training / "study" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_aggregate_failures_and_no_grpo():
+    def run(method, seed, accs, error=None):
+        return {"method": method, "lr": 1e-4, "seed": seed, "wall": 10.0, "error": error,
+                "history": [] if error else [{"step": 10 * i, "tokens": 100 * i, "accuracy": a} for i, a in enumerate(accs)],
+                "steps": [] if error else fake_steps(20, kept=8, tokens=100, t_gen=1.0, t_upd=0.5)}
+    results = [run("grpo", 0, [0.2, 0.4, 0.5]), run("grpo", 1, [0.2, 0.3, 0.7]),
+               run("d3s", 0, [0.2, 0.7, 0.6]), run("d3s", 1, [], error="RuntimeError: boom"),
+               run("d2s", 0, [], error="ValueError: bad")]
+    rows, _ = bench.aggregate(results, [("grpo", 1e-4), ("d3s", 1e-4), ("d2s", 1e-4)])
+    grpo, d3s, d2s = rows
+    assert grpo["final"] == [60.0, 127.1]  # t(0.975, 1) 12.706 * sd .1414 / sqrt(2)
+    # one d3s seed: no interval; paired with grpo's seed 0 only: .6 - .5
+    assert d3s["final"] == [60.0, None] and d3s["final_diff"] == [10.0, None]
+    assert d3s["runs"] == 1 and d3s["failed"] == ["seed 1: RuntimeError: boom"] and d3s["wall"] == 20
+    assert d2s == {"method": "d2s", "lr": 1e-4, "runs": 0, "failed": ["seed 0: ValueError: bad"], "wall": 10}
+    cells = table_rows(bench.format_table(rows))
+    assert cells["d3s"][2:4] == ["60.0", "+10.0"]
+    assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
+    assert cells["d2s"][2] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
+    # without grpo there is nothing to compare with
+    rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4)])
+    assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
+    assert table_rows(bench.format_table(rows))["d3s"][3:8] == ["-", "55.0", "-", "-", "-"]  # AUC (4.5 + 6.5) / 20
+
+# -----------------------------------------------------------------------------
+# finished runs: reused, and never for another config
+
+
+def test_changed_config_is_refused_not_reused(no_training, capsys):
+    fake_folders(STUDY, ACCS, PER_STEP, no_training)
+    with pytest.raises(SystemExit) as e:
+        bench.main(STUDY[:5] + ["30"] + STUDY[6:])  # --steps 30
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study/runs/grpo-seed0 holds a finished run with another config" in err[0]
+    assert "steps 20 there, 30 now" in err[0]
+    assert not (no_training / "study" / "results.json").exists()
+
+
+def test_only_unfinished_runs_are_run(no_training, monkeypatch, capsys):
+    fake_folders(STUDY, ACCS, PER_STEP, no_training)
+    (no_training / "study" / "runs" / "d3s-seed1" / "result.json").unlink()  # failed or interrupted: no result.json
+    ran = []
+
+    def run_one(cfg):
+        ran.append(cfg.out_dir)
+        history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a} for i, a in enumerate(ACCS[("d3s", cfg.lr, 1)])]
+        return {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "",
+                "history": history, "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
+    monkeypatch.setattr(bench, "run_one", run_one)
+    monkeypatch.setattr(bench, "load_model", lambda name: None)  # no tiny model to build for a fake run
+    monkeypatch.setattr(bench, "_init_worker", lambda threads: None)  # leave this process's torch threads alone
+    printed = main(STUDY, capsys)
+    assert ran == ["study/runs/d3s-seed1"]
+    assert "9 runs: 8 finished before (reused), 1 to run" in printed
+    assert json.loads((no_training / "study" / "results.json").read_text())["table"][1]["final"] == [73.3, 37.9]
+
+# -----------------------------------------------------------------------------
+# learning rates: per method, a tuning grid, its lrs.json
+
+
+def test_lr_per_method_and_from_a_file(tmp_path):
+    def lrs(*flags):
+        _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--seeds", "1", "--out", str(tmp_path), *flags]))
+        return {c.method: c.lr for c in cfgs}
+    assert lrs() == {"grpo": 1e-4, "d3s": 1e-4}                  # train.py's default for the tiny world
+    assert lrs("--lr", "3e-4") == {"grpo": 3e-4, "d3s": 3e-4}
+    assert lrs("--lr", "grpo=5e-5,d3s=2e-4") == {"grpo": 5e-5, "d3s": 2e-4}
+    (tmp_path / "lrs.json").write_text(json.dumps({"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0}}))
+    assert lrs("--lr", str(tmp_path / "lrs.json")) == {"grpo": 2e-4, "d3s": 5e-5}
+
+
+def test_tuning_mode_chooses_each_methods_lr_by_auc(no_training, capsys):
+    tune = ["--methods", "grpo,d3s", "--lr_grid", "2e-4,1e-4", "--seeds", "2", "--seed_start", "100",
+            "--steps", "20", "--eval_every", "10", "--out", "tune"]
+    accs = {  # mean AUC: grpo 1e-4 (.2+.5)/4 + (.5+.5)/4 = .425 vs 2e-4 .4 ; d3s tie .4 = .4: the smaller lr
+        ("grpo", 1e-4, 100): [0.2, 0.5, 0.5], ("grpo", 1e-4, 101): [0.2, 0.5, 0.5],
+        ("grpo", 2e-4, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 101): [0.2, 0.4, 0.6],   # better final, lower AUC
+        ("d3s", 1e-4, 100): [0.2, 0.4, 0.6], ("d3s", 1e-4, 101): [0.2, 0.4, 0.6],
+        ("d3s", 2e-4, 100): [0.2, 0.5, 0.4], ("d3s", 2e-4, 101): [0.2, 0.3, 0.8],
+    }
+    cfgs = fake_folders(tune, accs, PER_STEP, no_training)
+    assert sorted(c.out_dir for c in cfgs)[:2] == ["tune/runs/d3s-lr0.0001-seed100", "tune/runs/d3s-lr0.0001-seed101"]
+    printed = main(tune, capsys)
+    chosen = json.loads((no_training / "tune" / "lrs.json").read_text())
+    assert chosen["lr"] == {"grpo": 1e-4, "d3s": 1e-4}
+    assert chosen["auc"]["grpo lr 0.0002"] == [40.0, 0.0] and chosen["auc"]["grpo lr 0.0001"] == [42.5, 0.0]
+    assert "chosen learning rates (highest mean AUC): grpo 0.0001, d3s 0.0001" in printed
+    rows = table_rows(printed)  # two grpo rows: no comparison to GRPO in tuning
+    assert len(rows) == 4 and all(r[3] == "-" and r[6] == "-" for r in rows.values())
+    # the study reads the file: seeds 0.. with the chosen rates
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--lr", "tune/lrs.json", "--seeds", "8"]))
+    assert {(c.method, c.lr) for c in cfgs} == {("grpo", 1e-4), ("d3s", 1e-4)} and [c.seed for c in cfgs[:8]] == list(range(8))
+
+# -----------------------------------------------------------------------------
+# what reaches train.Config
+
+
+def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
+    assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == {
+        "grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"], "d2s": ["s_init", "t_init"],
+        "d3s": ["s_init", "s_final", "t_init", "t_final"], "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
+        "entropy": []}  # entropy keeps its fixed t_keep 0.2
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out", str(tmp_path), "--s_init", "0.5",
+                                              "--s_final", "0.9", "--t_init", "0.3", "--t_final", "0.8"]))
+    got = {c.method: (c.s_init, c.s_final, c.t_init, c.t_final) for c in cfgs}
+    assert got["grpo"] == got["entropy"] == (0.25, 0.75, 0.2, 0.6)  # train.py's defaults, untouched
+    assert got["pods"] == got["d1s-cross"] == (0.5, 0.75, 0.2, 0.6)
+    assert got["d2s"] == (0.5, 0.75, 0.3, 0.6) and got["d3s"] == (0.5, 0.9, 0.3, 0.8)
+
+
+def test_pass_through_and_the_whole_test_split(tmp_path):
+    _, cfgs = bench.configs(bench.parse_args([
+        "--methods", "grpo", "--seeds", "2", "--seed_start", "100", "--out", str(tmp_path), "--eval_size", "all",
+        "--eval_every", "10", "--loss", "gspo", "--updates_per_batch", "1", "--optimizer", "sgd", "--momentum", "0.5",
+        "--max_new_tokens", "40", "--micro_batch_size", "7"]))
+    assert [c.seed for c in cfgs] == [100, 101]
+    c = cfgs[0]
+    assert (c.eval_size, c.eval_every) == (1036, 10)  # the tiny world's whole test split
+    assert (c.loss, c.updates_per_batch, c.optimizer, c.momentum, c.max_new_tokens, c.micro_batch_size) == \
+        ("gspo", 1, "sgd", 0.5, 40, 7)
+    assert c.save_every == 10 ** 9 and c.progress is False and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
+    assert bench.train_command(c).startswith("python train.py --dataset tiny --eval_dataset tiny --method grpo --loss gspo ")
+
+# -----------------------------------------------------------------------------
+# a real 2-step run of grpo and d3s through train.train
+
+
+ARGS = ["--methods", "grpo,d3s", "--seeds", "1", "--steps", "2", "--eval_every", "1", "--eval_size", "16",
+        "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench", "--lr", "grpo=1e-4,d3s=2e-4",
+        "--max_new_tokens", "30", "--micro_batch_size", "3", "--s_init", "0.5", "--t_final", "0.7"]
 
 
 @pytest.fixture(scope="module")
@@ -39,106 +302,68 @@ def benched(tiny_dir, tmp_path_factory):
             bench.main(ARGS + ["--model", str(tmp / "tiny")])
     torch.set_num_threads(threads)
     res = json.loads((tmp / "bench" / "results.json").read_text())
-    return tmp / "bench", out.getvalue(), res
+    return tmp, out.getvalue(), res
 
 
-def test_table_matches_results_json_and_the_runs_logs(benched):
-    out_dir, printed, res = benched
+def test_real_runs_table_matches_the_runs_logs(benched):
+    tmp, printed, res = benched
+    out_dir = tmp / "bench"
     rows = table_rows(printed)
     assert list(rows) == ["grpo", "d3s"]
-    assert table_rows((out_dir / "results.md").read_text()) == rows  # saved as printed
     table = {r["method"]: r for r in res["table"]}
     logs, accs = {}, {}
-    for m in ("grpo", "d3s"):
+    for m, lr in (("grpo", 1e-4), ("d3s", 2e-4)):
         run = out_dir / "runs" / f"{m}-seed0"
         logs[m] = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-        assert json.loads((run / "config.json").read_text())["method"] == m
+        config = json.loads((run / "config.json").read_text())
+        assert (config["method"], config["lr"], config["max_new_tokens"], config["micro_batch_size"]) == (m, lr, 30, 3)
+        assert json.loads((run / "result.json").read_text())["config"] == config  # what a repeat compares with
         # train.py's own printed evaluations, independent of the returned history
         accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(", (run / "train.log").read_text())]
         assert len(logs[m]) == 2 and len(accs[m]) == 3  # steps 0, 1; evaluations at 0, 1, 2
+        assert not (run / "checkpoint").exists()
+    # the ratio knobs reached d3s only: grpo keeps train.py's defaults
+    grpo_cfg, d3s_cfg = (json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text()) for m in ("grpo", "d3s"))
+    assert (grpo_cfg["s_init"], grpo_cfg["t_final"]) == (0.25, 0.6) and (d3s_cfg["s_init"], d3s_cfg["t_final"]) == (0.5, 0.7)
     for m, cells in rows.items():
         t, log = table[m], logs[m]
-        # the printed cells are the json numbers
-        assert cells[1] == f"{t['final_mean']:.1f} ± {t['final_std']:.1f}"
-        assert cells[2] == f"{t['best']:.1f}"
-        assert cells[4] == f"{t['rollouts']} ({t['rollouts_pct']:.1f}%)"
-        assert cells[5] == f"{t['tokens']} ({t['tokens_pct']:.1f}%)"
-        assert cells[6:10] == [f"{t['t_gen']:.2f}", f"{t['t_upd']:.2f}", str(t["wall"]), "1/1"]
-        # the json numbers are the runs' logs, recomputed here
-        assert t["final_mean"] == round(100 * accs[m][-1], 1) and t["final_std"] == 0.0
-        assert t["best"] == round(100 * max(accs[m]), 1)
+        assert cells[2] == f"{t['final'][0]:.1f}" and t["final"] == [round(100 * accs[m][-1], 1), None]
         assert t["rollouts"] == sum(r["kept"] for r in log)
         assert t["tokens"] == sum(r["tokens"] for r in log) == log[-1]["tokens_trained"]
         assert t["t_gen"] == round(sum(r["t_gen"] for r in log) / 2, 2)
-        assert t["t_upd"] == round(sum(r["t_upd"] for r in log) / 2, 2)
+        assert cells[-1] == "1/1"
         run = next(r for r in res["runs"] if r["method"] == m)
-        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)  # printed with 3 decimals: 0.1875 -> "0.188"
-        assert [h["step"] for h in run["history"]] == [0, 1, 2]
-    # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.25 -> 0.75
-    assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 2 + 6
-    assert table["grpo"]["rollouts_pct"] == 100.0 and table["d3s"]["rollouts_pct"] == 50.0
-    assert table["d3s"]["tokens_pct"] == round(100 * table["d3s"]["tokens"] / table["grpo"]["tokens"], 1)
-    # steps to GRPO's final accuracy: the first evaluated step at or above it
-    target = accs["grpo"][-1]
-    for m in rows:
-        hit = [s for s, a in zip([0, 1, 2], accs[m]) if a >= target - 1e-9]
-        assert table[m]["steps_to_grpo"] == (hit[0] if hit else "not reached")
-        assert rows[m][3] == str(table[m]["steps_to_grpo"])
-
-
-def test_plot_is_a_png_and_results_json_has_the_plot_rows(benched):
-    out_dir, _, res = benched
+        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)  # printed with 3 decimals
+        # its train.py command line is this very run
+        assert bench.as_json(train.resolve(train.parse_args(run["command"].split()[2:]))) == json.loads(
+            (out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+    # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 -> 0.75,
+    # and round(0.7 * valid) tokens at the last step (t_final 0.7)
+    assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 4 + 6
+    assert table["d3s"]["rollouts_pct"] == 62.5
+    assert logs["d3s"][1]["tokens"] == bench.d3s.num_keep(0.7, logs["d3s"][1]["valid"])
     assert (out_dir / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for run in res["runs"]:
-        assert run["error"] is None
-        assert [s["step"] for s in run["steps"]] == [0, 1]
-        assert all(s["grad_norm"] >= 0 for s in run["steps"])
-    assert res["curves"]["grpo"]["step"] == [0, 1, 2]
 
 
-def fake_run(method, seed, accs, kept=(8, 8), tokens=(100, 100), error=None):
-    """A hand-made run result, as run_one returns it."""
-    steps = [{"step": i, "kept": k, "tokens": t, "grad_norm": 1.0, "t_gen": 1.0, "t_upd": 0.5}
-             for i, (k, t) in enumerate(zip(kept, tokens))]
-    history = [{"step": i, "tokens": sum(tokens[:i]), "accuracy": a} for i, a in enumerate(accs)]
-    if error:
-        history, steps = [], []
-    return {"method": method, "seed": seed, "history": history, "steps": steps, "wall": 10.0, "error": error}
+def test_repeating_the_command_reuses_the_runs(benched, monkeypatch, capsys):
+    tmp, printed, res = benched
+    monkeypatch.chdir(tmp)
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = main(ARGS + ["--model", str(tmp / "tiny")], capsys)
+    assert "2 runs: 2 finished before (reused), 0 to run" in again
+    assert table_rows(again) == table_rows(printed)
+    assert json.loads((tmp / "bench" / "results.json").read_text())["runs"] == res["runs"]
 
-
-def test_aggregate_by_hand():
-    results = [
-        fake_run("grpo", 0, [0.2, 0.4, 0.5]), fake_run("grpo", 1, [0.2, 0.3, 0.7]),   # final mean 0.6
-        fake_run("d3s", 0, [0.2, 0.7, 0.6], kept=(2, 6), tokens=(10, 40)),
-        fake_run("d3s", 1, [0.2, 0.5, 0.4], kept=(2, 6), tokens=(20, 30)),             # curve .2 .6 .5
-        fake_run("d3s", 2, [], error="RuntimeError: boom"),
-        fake_run("pods", 0, [0.2, 0.3, 0.4], kept=(4, 4), tokens=(50, 50)),
-        fake_run("d2s", 0, [], error="ValueError: bad"),
-    ]
-    rows, curves = bench.aggregate(results, ["grpo", "d3s", "pods", "d2s"])
-    grpo, d3s, pods, d2s = rows
-    assert (grpo["final_mean"], grpo["final_std"]) == (60.0, 14.1)      # sample std of 0.5, 0.7
-    assert grpo["best"] == 60.0 and grpo["steps_to_grpo"] == 2
-    assert (d3s["final_mean"], d3s["final_std"], d3s["best"]) == (50.0, 14.1, 60.0)
-    assert d3s["steps_to_grpo"] == 1 and pods["steps_to_grpo"] == "not reached"
-    assert (d3s["rollouts"], d3s["rollouts_pct"]) == (8, 50.0)
-    assert (d3s["tokens"], d3s["tokens_pct"]) == (50, 25.0)             # (50 + 50) / 2 of grpo's 200
-    assert d3s["runs"] == 2 and d3s["failed"] == ["seed 2: RuntimeError: boom"] and d3s["wall"] == 30
-    assert curves["d3s"]["acc_mean"] == pytest.approx([0.2, 0.6, 0.5])
-    assert d2s == {"method": "d2s", "runs": 0, "failed": ["seed 0: ValueError: bad"], "wall": 10}
-    table = bench.format_table(rows)
-    cells = table_rows(table)
-    assert cells["d3s"][1:5] == ["50.0 ± 14.1", "60.0", "1", "8 (50.0%)"]
-    assert cells["d3s"][-1] == "2/3; failed seed 2: RuntimeError: boom"
-    assert cells["d2s"][1] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
-    # without grpo there is nothing to compare to
-    rows, _ = bench.aggregate([r for r in results if r["method"] == "pods"], ["pods"])
-    assert rows[0]["steps_to_grpo"] == "-" and "| - |" in bench.format_table(rows)
+# -----------------------------------------------------------------------------
+# bad input
 
 
 @pytest.mark.parametrize("flags, word", [
     (["--methods", "grpo,nope"], "nope"), (["--seeds", "0"], "--seeds"), (["--steps", "0"], "--steps"),
-    (["--lr", "-1"], "--lr"), (["--s_init", "2"], "--s_init"),
+    (["--lr", "-1"], "--lr"), (["--s_init", "2", "--methods", "d3s"], "--s_init"),
+    (["--lr", "grpo=1e-4"], "no learning rate for d3s"), (["--lr", "grpo=x,d3s=1"], "'x' is not a number"),
+    (["--lr", "nofile.json"], "no such file"), (["--lr", "1e-4", "--lr_grid", "1e-4,2e-4"], "--lr_grid"),
+    (["--optimizer", "adam"], "--optimizer"), (["--eval_size", "0"], "--eval_size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
