@@ -36,7 +36,7 @@ import d3s
 import tiny
 from data import format_prompt, load_problems
 from eval import evaluate
-from model import load_model
+from model import autocast, load_model, weight_dtype
 from reward import score
 from rollout import completion_hidden, generate_groups, head_logprobs
 
@@ -67,7 +67,7 @@ class Config:
     group_size: Optional[int] = None        # G rollouts per prompt (B = P * G)
     max_new_tokens: Optional[int] = None    # completion budget; longer ones are truncated (reward 0 if no answer)
     temperature: float = 1.0                # sampling temperature; log-probs and entropy use softmax(logits / T)
-    top_p: float = 1.0                      # nucleus sampling (1 = plain softmax sampling)
+    top_p: float = 1.0                      # must be 1 for training: log-probs use the full softmax (eval.py may differ)
     # the update
     optimizer: str = "adamw"                # adamw | sgd (with momentum): the study compares the two
     lr: Optional[float] = None              # learning rate (constant)
@@ -85,8 +85,8 @@ class Config:
     dtype: str = "auto"                     # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: Optional[int] = None         # held-out prompts, greedy, the same fixed subset every time
-    eval_every: Optional[int] = None        # steps between evaluations (also at step 0 and at the end)
-    save_every: Optional[int] = None        # steps between checkpoints (also at the end and on Ctrl-C)
+    eval_every: Optional[int] = None        # steps between evaluations (also at step 0 and at the end; 0: only those)
+    save_every: Optional[int] = None        # steps between checkpoints (also at the end and on a signal; 0: only those)
     out_dir: Optional[str] = None           # run folder; None: out/<method>-<model>
     seed: int = 0                           # prompts order, sampling, random selection
     device: str = "auto"                    # auto | cpu | cuda | cuda:1 ...
@@ -131,7 +131,34 @@ def resolve(cfg):
     if cfg.out_dir is None:
         cfg.out_dir = os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
     check(cfg)
+    # config.json records the ratios the method applies, and a ratio it would ignore is refused
+    for name, (value, why) in applied_ratios(cfg).items():
+        given = getattr(cfg, name)
+        if given != value and given != getattr(Config, name):
+            raise ValueError(f"--{name} {given} does not apply to --method {cfg.method}: {why}; leave it out")
+        setattr(cfg, name, value)
     return cfg
+
+
+def applied_ratios(cfg):
+    """{knob: (the value the method applies, why)} for the four keep ratios: 1 where the method keeps
+    every rollout or token, the 80/20 baseline's fixed share, and init = final without a schedule."""
+    method = d3s.METHODS[cfg.method]
+    s_init, s_final, t_init, t_final = cfg.s_init, cfg.s_final, cfg.t_init, cfg.t_final
+    out = {}
+    if method["schedule"] == "constant":
+        s_final, t_final = s_init, t_init
+        out.update(s_final=(s_final, "it has no schedule, rho_s stays at --s_init"),
+                   t_final=(t_final, "it has no schedule, rho_t stays at --t_init"))
+    if method["sample"] == "none":
+        out.update(s_init=(1.0, "it keeps every rollout"), s_final=(1.0, "it keeps every rollout"))
+    if method["token"] == "none":
+        out.update(t_init=(1.0, "it keeps every token"), t_final=(1.0, "it keeps every token"))
+    elif "t_keep" in method:
+        why = f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens"
+        out.update(t_init=(method["t_keep"], why), t_final=(method["t_keep"], why))
+    return {name: out.get(name, (value, "")) for name, value in
+            (("s_init", s_init), ("s_final", s_final), ("t_init", t_init), ("t_final", t_final))}
 
 
 def check(cfg):
@@ -146,17 +173,21 @@ def check(cfg):
         value = getattr(cfg, name)
         must(0 < value <= 1, f"--{name} must be in (0, 1], got {value}")
     must(cfg.group_size >= 2, f"--group_size must be at least 2 (advantages compare rollouts of a prompt), got {cfg.group_size}")
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "eval_every",
-                 "save_every", "logprob_chunk"):
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "logprob_chunk"):
         must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("eval_every", "save_every"):
+        must(getattr(cfg, name) >= 0, f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
     must(cfg.gen_batch_size is None or cfg.gen_batch_size >= 1, f"--gen_batch_size must be at least 1, got {cfg.gen_batch_size}")
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
-    must(0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}")
+    must(cfg.top_p == 1, f"--top_p {cfg.top_p}: training scores every sample with the full softmax(logits / T), so "
+                         f"nucleus sampling would make the gradient not the sampler's; use 1 (eval.py --top_p may differ)")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
     must(cfg.updates_per_batch >= 1, f"--updates_per_batch must be at least 1, got {cfg.updates_per_batch}")
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    must(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+         f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
 
 
 # -----------------------------------------------------------------------------
@@ -353,9 +384,15 @@ def rng_state(generator):
 
 
 def save_checkpoint(run_dir, model, tokenizer, optimizer, step, rng, history, tokens_trained):
-    """Model + tokenizer as an HF folder, plus what resuming needs. Written to a temporary folder
-    first and swapped in, so a crash while saving never leaves a half checkpoint behind."""
-    final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
+    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs.
+
+    Crash-safe: written to checkpoint.tmp, whose trainer.pt comes last (so a tmp with a trainer.pt is
+    complete), then swapped in: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, remove
+    checkpoint.old. At every instant one complete checkpoint exists, and finish_swap (called by
+    --resume and before every save) completes a swap that a crash cut short.
+    """
+    finish_swap(run_dir)
+    final, tmp, old = (os.path.join(run_dir, name) for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -366,9 +403,27 @@ def save_checkpoint(run_dir, model, tokenizer, optimizer, step, rng, history, to
         "rng": rng,                                     # as at the start of `step`
         "history": history,                             # held-out evaluations so far
         "tokens_trained": tokens_trained,
-    }, os.path.join(tmp, "trainer.pt"))
-    shutil.rmtree(final, ignore_errors=True)
+    }, os.path.join(tmp, "trainer.pt.part"))
+    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))  # tmp is complete
+    if os.path.isdir(final):
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def finish_swap(run_dir):
+    """Complete a checkpoint swap that a crash interrupted: afterwards RUN/checkpoint is the newest
+    complete checkpoint (if there is any), and no .tmp or .old folder is left."""
+    final, tmp, old = (os.path.join(run_dir, name) for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    if os.path.isfile(os.path.join(tmp, "trainer.pt")):  # a finished save: newer than anything else here
+        if os.path.isdir(final):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+    elif not os.path.isdir(final) and os.path.isfile(os.path.join(old, "trainer.pt")):
+        os.replace(old, final)  # the crash came between the two renames, before tmp was complete
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_resume(run_dir):
@@ -376,6 +431,7 @@ def load_resume(run_dir):
     ckpt = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(run_dir):
         raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier train.py run")
+    finish_swap(run_dir)
     for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"), os.path.join(ckpt, "config.json")):
         if not os.path.isfile(need):
             raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing (it has no finished "
@@ -390,30 +446,44 @@ def load_resume(run_dir):
     return saved, state
 
 
+# Knobs that may change when a run is resumed: none of them changes what the run computes.
+RESUME_SAFE = ("resume", "device", "progress", "eval_every", "save_every")
+
+
 # -----------------------------------------------------------------------------
 # the training loop
 
 
-def train(cfg, log=print):
-    """Run (or resume) one training run. Returns the list of held-out evaluations [(step, tokens, accuracy)]."""
-    cfg = resolve(cfg)
+def train(cfg, log=print, given=None):
+    """Run (or resume) one training run. Returns the list of held-out evaluations [(step, tokens, accuracy)].
+
+    given: the knobs the user set (the command line's flags); None: those that differ from Config's defaults.
+    """
+    given = set(given) if given is not None else {f.name for f in dataclasses.fields(Config)
+                                                  if getattr(cfg, f.name) != f.default}
     state = None
-    if cfg.resume:  # the run continues with its own saved config
+    if cfg.resume:  # the run continues with its own saved config, in the folder given (it may have moved)
         saved, state = load_resume(cfg.resume)
-        cfg = resolve(Config(**{**saved, "resume": cfg.resume, "progress": cfg.progress}))
+        refused = sorted(given - set(RESUME_SAFE))
+        if refused:
+            raise ValueError(f"--resume continues a run with its saved config; {', '.join('--' + n for n in refused)} "
+                             f"cannot change now (only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); start a "
+                             f"new run to change them")
+        saved.update({name: getattr(cfg, name) for name in given}, resume=cfg.resume, out_dir=cfg.resume)
+        cfg = Config(**saved)
+    cfg = resolve(cfg)
     method = d3s.METHODS[cfg.method]
     run_dir = cfg.out_dir
     os.makedirs(run_dir, exist_ok=True)
 
     # init: device, data, model, optimizer, then the seeds (building the tiny model draws random numbers)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU:
+    # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU (model.py):
     # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
-    autocast = device.startswith("cuda") and cfg.dtype == "auto" and torch.cuda.is_bf16_supported()
+    weights = weight_dtype(cfg.dtype, device)
 
     def precision():
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast)
-    weights = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+        return autocast(device, cfg.dtype)
     train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)  # data first: a typo fails fast
     eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
     model, tokenizer = load_model(cfg.model, device=device, dtype=weights)
@@ -484,7 +554,7 @@ def train(cfg, log=print):
 
                 # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
                 references = [row["answer"] for row in batch for _ in range(G)]
-                rewards, reward_stats = score(rollouts.texts, references)
+                rewards, reward_stats = score(rollouts.texts, references, truncated=rollouts.truncated.tolist())
                 rewards = torch.tensor(rewards, dtype=torch.float32)  # (B,)
 
                 # 3. advantages on the full group (GRPO)
@@ -552,9 +622,9 @@ def train(cfg, log=print):
                 signals.release()
 
                 # evaluate and checkpoint
-                if completed % cfg.eval_every == 0 or completed == cfg.steps:
+                if (cfg.eval_every and completed % cfg.eval_every == 0) or completed == cfg.steps:
                     held_out(completed, tokens_trained)
-                if completed % cfg.save_every == 0 or completed == cfg.steps:
+                if (cfg.save_every and completed % cfg.save_every == 0) or completed == cfg.steps:
                     save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng_state(generator), history,
                                     tokens_trained)
         except KeyboardInterrupt:
@@ -580,20 +650,35 @@ def train(cfg, log=print):
 # command line: every field of Config is a flag, --name value or --name=value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr and exit code 2, like every other bad input."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_bool(text):
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
+    return value
+
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    """(Config, the names of the flags given): every field of Config is a flag, --name value or --name=value."""
+    parser = OneLineParser(description=__doc__.split("\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         kind = f.type if f.type in (int, float, str, bool) else {Optional[int]: int, Optional[float]: float}.get(f.type, str)
-        if kind is bool:
-            kind = lambda s: {"true": True, "1": True, "false": False, "0": False}[s.lower()]  # noqa: E731
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default)
-    return Config(**vars(parser.parse_args(argv)))
+        parser.add_argument(f"--{f.name}", type=parse_bool if kind is bool else kind, default=argparse.SUPPRESS)
+    given = vars(parser.parse_args(argv))
+    return Config(**given), set(given)
 
 
 def main(argv=None):
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, given = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        train(cfg)
+        train(cfg, given=given)
     except ValueError as e:  # bad input: one line, exit code 2, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM
 import d3s
 import train
 from conftest import ROOT
+from model import load_model
 
 SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2, progress=False)
 
@@ -49,6 +51,7 @@ def test_kept_counts_follow_the_schedule(tmp_path, tiny_dir, method):
     spec = d3s.METHODS[method]
     for r in rows(run_dir):
         rho_s, rho_t = d3s.keep_ratios(r["step"], 3, spec["schedule"], 0.25, 0.75, 0.2, 0.6)
+        rho_t = rho_t if spec["token"] != "none" else 1.0  # the log shows the ratio applied (pods keeps every token)
         assert (r["rho_s"], r["rho_t"]) == pytest.approx((rho_s, rho_t))
         if spec["sample"] == "cross":
             assert r["kept"] == d3s.num_keep(rho_s, 16)
@@ -125,3 +128,147 @@ def test_command_line_bad_ratio_has_no_traceback(tmp_path):
                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: --s_final must be in (0, 1], got 2.0"
+
+
+# ----------------------------------------------------------------------------- no silent surprises (issue 12)
+
+def exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--progress", "maybe"], "'maybe' is not a boolean"),
+    (["--top_p", "0.9"], "--top_p 0.9: training scores every sample with the full softmax"),
+    (["--method", "grpo", "--s_init", "0.5"], "--s_init 0.5 does not apply to --method grpo: it keeps every rollout"),
+    (["--method", "entropy", "--t_init", "0.5"], "the 80/20 baseline keeps a fixed 20% of tokens"),
+    (["--method", "d2s", "--t_final", "0.9"], "--t_final 0.9 does not apply to --method d2s: it has no schedule"),
+    (["--eval_every", "-1"], "--eval_every must be at least 0"),
+    (["--updates_per_batch", "0"], "--updates_per_batch must be at least 1"),
+    (["--steps"], "expected one argument"),
+])
+def test_bad_flag_values_are_one_line(tmp_path, capsys, argv, message):
+    assert message in exit_2(["--out_dir", str(tmp_path / "x")] + argv, capsys)
+
+
+def test_config_records_the_ratios_that_ran(tmp_path, tiny_dir):
+    for method, ratios in (("grpo", (1.0, 1.0, 1.0, 1.0)), ("entropy", (1.0, 1.0, 0.2, 0.2)),
+                           ("d2s", (0.25, 0.25, 0.2, 0.2)), ("d3s", (0.25, 0.75, 0.2, 0.6))):
+        _, _, run_dir = run(tmp_path, method, tiny_dir, method=method, steps=2, eval_every=0, save_every=0)
+        saved = json.load(open(run_dir / "config.json"))
+        assert tuple(saved[k] for k in ("s_init", "s_final", "t_init", "t_final")) == ratios, method
+        for r in rows(run_dir):  # the step line's ratios are the applied ones
+            expected = d3s.keep_ratios(r["step"], 2, "linear", *ratios)
+            assert (r["rho_s"], r["rho_t"]) == pytest.approx(expected), method
+        if method == "grpo":
+            assert all(r["kept"] == r["rollouts"] and r["tokens"] == r["valid"] for r in rows(run_dir))
+
+
+def test_eval_and_save_every_0_mean_only_at_the_end(tmp_path, tiny_dir):
+    history, _, run_dir = run(tmp_path, "zero", tiny_dir, steps=3, eval_every=0, save_every=0)
+    assert [h["step"] for h in history] == [0, 3]
+    assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 3
+
+
+def test_resume_refuses_flags_that_would_change_the_run(tmp_path, tiny_dir, capsys):
+    _, _, run_dir = run(tmp_path, "done", tiny_dir, steps=1, eval_every=0, save_every=0)
+    err = exit_2(["--resume", str(run_dir), "--steps", "400", "--lr", "5e-4", "--progress", "false"], capsys)
+    assert "--lr, --steps cannot change now" in err
+    with pytest.raises(ValueError, match="--method cannot change now"):  # the API too
+        train.train(train.Config(resume=str(run_dir), method="grpo", progress=False), log=lambda *a: None)
+    # the safe ones are taken, even at their default values
+    train.main(["--resume", str(run_dir), "--eval_every", "25", "--progress", "false", "--device", "cpu"])
+    assert json.load(open(run_dir / "config.json"))["eval_every"] == 25
+
+
+def test_a_copied_run_folder_resumes_in_itself(tmp_path, tiny_dir, capsys):
+    kw = dict(steps=3, eval_every=0, save_every=1)
+
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            raise KeyboardInterrupt
+    cfg = train.Config(model=tiny_dir, out_dir=str(tmp_path / "orig"), **{**SMALL, **kw})
+    with pytest.raises(KeyboardInterrupt):
+        train.train(cfg, log=stop_after_step_0)
+    shutil.copytree(tmp_path / "orig", tmp_path / "copy")
+    before = sorted(p.name for p in (tmp_path / "orig").rglob("*"))
+    train.train(train.Config(resume=str(tmp_path / "copy"), progress=False), log=lambda *a: None)
+    assert sorted(p.name for p in (tmp_path / "orig").rglob("*")) == before  # the original is untouched
+    assert torch.load(tmp_path / "copy" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 3
+    assert json.load(open(tmp_path / "copy" / "config.json"))["out_dir"] == str(tmp_path / "copy")
+    assert len(rows(tmp_path / "copy")) == 3 and len(rows(tmp_path / "orig")) == 1
+    # a broken copy names the copy, not the original
+    (tmp_path / "copy" / "checkpoint" / "trainer.pt").unlink()
+    err = exit_2(["--resume", str(tmp_path / "copy")], capsys)
+    assert str(tmp_path / "copy") in err and str(tmp_path / "orig") not in err
+
+
+def test_a_crash_at_any_point_of_the_checkpoint_swap_leaves_a_checkpoint(tmp_path, tiny_dir, monkeypatch):
+    """Simulate a crash at every filesystem operation of save_checkpoint's swap: --resume must always
+    find a complete checkpoint, the new one once it was completely written, else the previous one."""
+    model, tok = load_model(tiny_dir, device="cpu", dtype="float32")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = train.rng_state(torch.Generator())
+    (tmp_path / "config.json").write_text(json.dumps({"model": tiny_dir}))
+
+    real_replace, real_rmtree, calls = os.replace, shutil.rmtree, []
+
+    def crash_at(n):
+        def counted(real):
+            def op(*a, **k):
+                calls.append(a[0])
+                if len(calls) == n:
+                    raise OSError("simulated crash")
+                return real(*a, **k)
+            return op
+        monkeypatch.setattr(train.os, "replace", counted(real_replace))
+        monkeypatch.setattr(train.shutil, "rmtree", counted(real_rmtree))
+
+    for n in range(1, 20):
+        real_rmtree(tmp_path / "checkpoint", ignore_errors=True)
+        monkeypatch.undo()
+        train.save_checkpoint(str(tmp_path), model, tok, opt, 1, rng, [], 0)  # the previous checkpoint, step 1
+        calls.clear()
+        crash_at(n)
+        try:
+            train.save_checkpoint(str(tmp_path), model, tok, opt, 2, rng, [], 0)
+            crashed = False
+        except OSError:
+            crashed = True
+        monkeypatch.undo()
+        complete_new = crashed and len(calls) >= 1 and any(
+            (tmp_path / d / "trainer.pt").is_file() and
+            torch.load(tmp_path / d / "trainer.pt", weights_only=False)["step"] == 2
+            for d in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        _, state = train.load_resume(str(tmp_path))
+        assert state["step"] in (1, 2)
+        if not crashed or complete_new:
+            assert state["step"] == 2, n
+        assert not (tmp_path / "checkpoint.tmp").exists() and not (tmp_path / "checkpoint.old").exists()
+        if not crashed:
+            break
+    assert not crashed and n > 4  # every operation of the swap was crashed once
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
+    out = tmp_path / "term"
+    proc = subprocess.Popen([sys.executable, "train.py", "--model", tiny_dir, "--out_dir", str(out), "--steps", "500",
+                             "--save_every", "1000", "--eval_every", "0", "--eval_size", "4", "--prompts_per_step", "2",
+                             "--group_size", "4", "--progress", "false"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                                                      "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:  # wait for two step lines, then send what a scheduler sends
+        lines.append(line)
+        if line.startswith("step    1 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, lines + [rest]
+    assert "checkpoint saved after step" in rest and f"python train.py --resume {out}" in rest
+    step = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    assert step >= 2 and len(rows(out)) == step
