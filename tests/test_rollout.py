@@ -381,3 +381,21 @@ def test_qwen_completions_cut_at_either_stop_id(qwen_tok):
     assert not r.truncated.any()
     assert r.texts == [qtok.decode(row0[:3]), qtok.decode(row1[:5])]
     assert "<|im_end|>" not in r.texts[0] and "<|endoftext|>" not in r.texts[1]
+
+
+def test_generation_caches_give_the_same_samples(tok, model):
+    """prefix (a prompt's KV cache computed once for its group), plain and static: the same tokens
+    from the same seed, and the same recorded entropy; prefix also with groups split over calls."""
+    outs = {}
+    for cache, batch_size in (("plain", None), ("prefix", None), ("static", None), ("plain", 3), ("prefix", 4)):
+        torch.manual_seed(5)
+        outs[cache, batch_size] = rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=1.0, cache=cache,
+                                                          batch_size=batch_size, record_entropy=True)
+    for key, r in outs.items():
+        # several generate calls draw random numbers in another order; prefix rounds 4 rows down to a whole group
+        ref = outs["plain", None if key[1] is None else 3]
+        assert torch.equal(r.completion_ids, ref.completion_ids), key
+        assert torch.equal(r.completion_mask, ref.completion_mask), key
+        torch.testing.assert_close(r.entropy, ref.entropy, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="cache='paged' must be one of prefix, plain, static"):
+        rollout.generate_groups(model, tok, PROMPTS, 2, 4, cache="paged")
