@@ -38,7 +38,7 @@ from data import format_prompt, load_problems
 from eval import evaluate
 from model import autocast, load_model, weight_dtype
 from reward import score
-from rollout import completion_hidden, generate_groups, head_logprobs
+from rollout import CACHES, completion_hidden, generate_groups, head_logprobs
 
 # -----------------------------------------------------------------------------
 # config: every knob, with its default. None means "pick the default for the world": the first
@@ -80,6 +80,7 @@ class Config:
     beta: float = 0.0                       # k3 KL to the initial model (0: no reference model is kept)
     micro_batch_size: Optional[int] = None  # kept rollouts per forward/backward (the gradient does not depend on it)
     gen_batch_size: Optional[int] = None    # rollouts per generate call (None: all at once)
+    generation: str = "prefix"              # KV cache: prefix (a prompt's cache computed once for its G samples) | plain | static
     logprob_chunk: int = 4096               # token positions per lm_head chunk: never the full (B, T, V) float32 logits
     gradient_checkpointing: bool = False    # trade compute for activation memory on big models
     dtype: str = "auto"                     # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
@@ -182,6 +183,7 @@ def check(cfg):
     must(cfg.top_p == 1, f"--top_p {cfg.top_p}: training scores every sample with the full softmax(logits / T), so "
                          f"nucleus sampling would make the gradient not the sampler's; use 1 (eval.py --top_p may differ)")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    must(cfg.generation in CACHES, f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
     must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
     must(cfg.updates_per_batch >= 1, f"--updates_per_batch must be at least 1, got {cfg.updates_per_batch}")
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
@@ -493,10 +495,12 @@ def train(cfg, log=print, given=None):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
+    # fused: one kernel over all parameters (6x faster than the per-tensor loop for a 135M model on a CPU)
     if cfg.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                    fused=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)  # after loading: a run that first builds out/tiny samples what later runs do
     generator = torch.Generator().manual_seed(cfg.seed)  # the `random` control and the mini-batch shuffle
@@ -549,7 +553,8 @@ def train(cfg, log=print, given=None):
                 prompts = [format_prompt(tokenizer, row["prompt"]) for row in batch]
                 with precision():
                     rollouts = generate_groups(model, tokenizer, prompts, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                                               top_p=cfg.top_p, batch_size=cfg.gen_batch_size, record_entropy=True)
+                                               top_p=cfg.top_p, batch_size=cfg.gen_batch_size, record_entropy=True,
+                                               cache=cfg.generation)
                 t_gen, t0 = time.time() - t0, time.time()
 
                 # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
@@ -568,6 +573,7 @@ def train(cfg, log=print, given=None):
 
                 # 5. the kept rollouts' token entropy for selection, and logp_old when K > 1 (the only
                 #    forward without gradient); the dropped rollouts never reach the model again
+                t_fb = time.time()  # forward and backward passes, steps 5 and 7
                 parts = micro_batches(kept, torch.arange(N, device=device), cfg.micro_batch_size)
                 select_tokens, old_logp, entropy = method["token"] != "none", None, None
                 if K > 1:
@@ -576,6 +582,8 @@ def train(cfg, log=print, given=None):
                     entropy = first_forward_entropy(model, kept, parts[0], cfg, precision)
                 elif select_tokens:  # [ours] recorded while sampling (rollout.py): no extra pass
                     entropy = kept.entropy
+
+                t_fb = time.time() - t_fb
 
                 # 6. token-level down-sampling: top rho_t of |A| * H, pooled over all kept tokens of the step
                 if select_tokens:
@@ -589,7 +597,9 @@ def train(cfg, log=print, given=None):
                                                       for rows in minibatch_rows(N, K, generator)]
                 updates = []
                 for mb in minibatches:
+                    t_fb -= time.time()
                     u = backward(model, kept, mb, adv_kept, token_mask, old_logp, cfg, precision, ref_model)
+                    t_fb += time.time()
                     if u is not None:
                         signals.hold = True  # the weights move now: a signal waits for the batch to finish
                         updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip, u["loss"])})
@@ -605,7 +615,7 @@ def train(cfg, log=print, given=None):
                     "valid_all": int(rollouts.completion_mask.sum()), "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
                     "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
                     "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
-                    **stats, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd,
+                    **stats, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd, "t_fb": t_fb,
                     "tokens_trained": tokens_trained,
                 }
                 with open(log_path, "a") as f:
