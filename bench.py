@@ -8,7 +8,11 @@ say with what confidence each one learns faster or slower than GRPO.
     # issue 13's protocol: each method's lr from a grid on tuning seeds 100, 101 ...
     python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --out out/tune
     # ... then 8 reported seeds 0..7 with the chosen lrs, evaluated on the whole test split every 10 steps
-    python bench.py --methods grpo,d3s --lr out/tune/lrs.json --seeds 8 --eval_size all --eval_every 10 --out out/study
+    python bench.py --methods grpo,d3s --tuned out/tune/tuned.json --seeds 8 --eval_size all --eval_every 10 \
+        --out out/study
+    # each method's (lr, K updates per rollout batch) from both grids
+    python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4 --updates_grid 2,4 --seeds 2 --seed_start 100 \
+        --out out/tune-k
 
 The runs. Seeds are seed_start .. seed_start + N - 1. A seed fixes the prompts and their order
 (train.batch_at), so a method's run k and GRPO's run k see the same prompts: differences to GRPO are
@@ -17,15 +21,18 @@ warmed-up model (--model: tiny, a harder world of tiny.WORLDS such as tiny-long,
 evaluated greedily on the same held-out questions (--eval_size all: the world's whole test split,
 1036 questions for tiny). These flags go to train.Config unchanged, and left out are train.py's
 defaults: --steps --eval_every --eval_size --prompts_per_step --group_size --max_new_tokens
---micro_batch_size --loss --updates_per_batch --optimizer --momentum. --s_init --s_final --t_init
---t_final go only to the methods that read them (schedule_knobs; train.py refuses them elsewhere).
+--micro_batch_size --loss --updates_per_batch --optimizer --momentum --grad_clip. --s_init --s_final
+--t_init --t_final go only to the methods that read them (schedule_knobs; train.py refuses them
+elsewhere).
 
-The learning rate: --lr 1e-4 for every method, --lr grpo=1e-4,d3s=2e-4 per method, or --lr FILE, the
-lrs.json of a tuning run. --lr_grid 5e-5,1e-4,2e-4 is the tuning mode: every method at every lr, and
-DIR/lrs.json gets each method's lr with the highest mean AUC over the seeds [ours: AUC rather than
-final accuracy, because one number per run from every evaluation is less noisy than the last one,
-and it marks down a run that climbs and then collapses; a tie goes to the smaller lr]. Tune on seeds
-that are not reported (--seed_start 100).
+The learning rate: --lr 1e-4 for every method, --lr grpo=1e-4,d3s=2e-4 per method, or --tuned FILE,
+the tuned.json of a tuning run (each method's lr, and its K when K was tuned too). --lr_grid
+5e-5,1e-4,2e-4 (and --updates_grid 2,4 for K = --updates_per_batch) is the tuning mode: every method
+at every lr (and K), and DIR/tuned.json gets each method's setting with the highest mean AUC over
+the seeds [ours: AUC rather than final accuracy, because one number per run from every evaluation is
+less noisy than the last one, and it marks down a run that climbs and then collapses; a tie, to 0.1
+point, goes to the smaller K, then the smaller lr]. Tune on seeds that are not reported
+(--seed_start 100).
 
 Finished runs are kept. A run that finished leaves DIR/runs/<run>/result.json with its resolved
 config; the same command again reuses it instead of training (a failed or interrupted run is run
@@ -42,11 +49,13 @@ What bench writes in DIR (--out):
                 wall time), the table's numbers as printed, and the curves of the plot
   bench.png     held-out accuracy against step and against tokens trained, the paired difference to
                 GRPO against step (seed means with 95% confidence bands), and the gradient norm per step
-  lrs.json      tuning mode only: {"lr": {method: lr}, "auc": ...}, what --lr FILE reads
+  tuned.json    tuning mode only: {"lr": {method: lr}, "updates_per_batch": {method: K}, "auc": ...},
+                what --tuned FILE reads
 
-The table, one row per method (and lr). Every "±" is a 95% confidence interval over seeds from
+The table, one row per method (and lr and K). Every "±" is a 95% confidence interval over seeds from
 Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n), s the sample std
 (no interval for one seed):
+  lr, K            the row's learning rate and optimizer steps per rollout batch (--updates_per_batch)
   final acc %      held-out accuracy after the last step
   Δ final          paired, in points: per seed, final accuracy minus GRPO's with the same seed
   AUC %            area under the accuracy-vs-step curve (trapezoid over the evaluated steps, step 0
@@ -57,6 +66,7 @@ Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n),
                    (with replacement, the same seeds for the method and for GRPO, numpy seed 0), each
                    with its own target; a resample that never reaches it counts as "never" (later than
                    every step), so an upper end "never" means more than 2.5% of resamples never did
+                   (results.json: `reached`, the share of resamples that reach it)
   s to GRPO        seconds of generation + update (train.py's t_gen + t_upd; evaluation not counted)
                    in the steps before "steps to GRPO", mean over seeds
   rollouts, tokens what the loss was computed on (kept rollouts / kept tokens summed over the run),
@@ -97,7 +107,7 @@ STEP_FIELDS = ("step", "reward", "kept", "rollouts", "tokens", "valid", "grad_no
 # train.Config fields bench passes on when given on the command line (the rest: train.py's defaults).
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int, "group_size": int,
                 "max_new_tokens": int, "micro_batch_size": int, "updates_per_batch": int, "loss": str,
-                "optimizer": str, "momentum": float}
+                "optimizer": str, "momentum": float, "grad_clip": float}
 RATIOS = ("s_init", "s_final", "t_init", "t_final")  # passed only to the methods that read them
 CONFIDENCE = 0.95   # of every interval
 BOOTSTRAP = 1000    # resamples of the seeds for the interval of "steps to GRPO"
@@ -154,8 +164,9 @@ def run_one(cfg):
     finished). Runs in a worker process when --jobs > 1."""
     t0 = time.time()
     os.makedirs(cfg.out_dir, exist_ok=True)
-    result = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir,
-              "command": train_command(cfg), "history": [], "steps": [], "wall": 0.0, "error": None}
+    result = {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch, "seed": cfg.seed,
+              "out_dir": cfg.out_dir, "command": train_command(cfg), "history": [], "steps": [], "wall": 0.0,
+              "error": None}
     with open(os.path.join(cfg.out_dir, "train.log"), "w") as logf:  # train.py's text lines, for reading later
         try:
             result["history"] = train.train(cfg, log=lambda line: print(line, file=logf, flush=True))
@@ -250,22 +261,30 @@ def pct(mean_and_ci):
     return [round(100 * m, 1), None if ci is None else round(100 * ci, 1)]
 
 
-def label(key):
-    """A row's name in the plot: method and learning rate."""
-    return f"{key[0]} lr {key[1]:g}"
+def key(run):
+    """What a row of the table is: (method, lr, K) of a run's result or config."""
+    if isinstance(run, dict):
+        return run["method"], run["lr"], run["updates_per_batch"]
+    return run.method, run.lr, run.updates_per_batch
+
+
+def label(k):
+    """A row's name in the plot and in tuned.json: "d3s lr 0.0001 K 1"."""
+    method, lr, updates = k
+    return f"{method} lr {lr:g} K {updates}"
 
 
 def aggregate(results, keys):
-    """One row per (method, lr) key, its numbers rounded exactly as the table prints them; and the curves
-    of the plot. Comparisons are to the one GRPO row (none when there are several, as in tuning)."""
-    ok = {k: [r for r in results if (r["method"], r["lr"]) == k and r["error"] is None] for k in keys}
+    """One row per (method, lr, K) key, its numbers rounded exactly as the table prints them; and the
+    curves of the plot. Comparisons are to the one GRPO row (none when there are several, as in tuning)."""
+    ok = {k: [r for r in results if key(r) == k and r["error"] is None] for k in keys}
     grpo = [k for k in keys if k[0] == "grpo" and ok[k]]
     base = {r["seed"]: r for r in ok[grpo[0]]} if len(grpo) == 1 else None  # GRPO's runs by seed
     rows, curves = [], {}
-    for key in keys:
-        runs = ok[key]
-        mine = [r for r in results if (r["method"], r["lr"]) == key]
-        row = {"method": key[0], "lr": key[1], "runs": len(runs),
+    for k in keys:
+        runs = ok[k]
+        mine = [r for r in results if key(r) == k]
+        row = {"method": k[0], "lr": k[1], "updates_per_batch": k[2], "runs": len(runs),
                "failed": [f"seed {r['seed']}: {r['error']}" for r in mine if r["error"]],
                "wall": round(sum(r["wall"] for r in mine))}
         rows.append(row)
@@ -273,7 +292,7 @@ def aggregate(results, keys):
             continue
         steps = [h["step"] for h in runs[0]["history"]]  # the same config gives the same evaluation steps
         acc = np.array([[h["accuracy"] for h in r["history"]] for r in runs])  # (seeds, evaluations)
-        curves[label(key)] = curve = {
+        curves[label(k)] = curve = {
             "step": steps, "acc_mean": acc.mean(axis=0).tolist(), "acc_ci": [mean_ci(list(a))[1] or 0.0 for a in acc.T],
             "tokens_mean": np.mean([[h["tokens"] for h in r["history"]] for r in runs], axis=0).tolist(),
             "grad_step": [s["step"] for s in runs[0]["steps"]],
@@ -335,31 +354,33 @@ def format_table(rows):
             text += f" [{lo}, {hi}]"
         return text
 
-    lines = ["| method | lr | final acc % | Δ final | AUC % | Δ AUC | steps to GRPO | s to GRPO (gen+upd) "
+    lines = ["| method | lr | K | final acc % | Δ final | AUC % | Δ AUC | steps to GRPO | s to GRPO (gen+upd) "
              "| rollouts trained | tokens trained | gen s/step | upd s/step | total s | runs |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         status = f"{r['runs']}/{r['runs'] + len(r['failed'])}" + "".join(f"; failed {f}" for f in r["failed"])
         if not r["runs"]:
-            lines.append(f"| {r['method']} | {r['lr']:g} | failed | - | - | - | - | - | - | - | - | - | {r['wall']} | {status} |")
+            lines.append(f"| {r['method']} | {r['lr']:g} | {r['updates_per_batch']} | failed "
+                         f"| - | - | - | - | - | - | - | - | - | {r['wall']} | {status} |")
             continue
         s = r["s_to_grpo"]
         seconds = "-" if s is None else f"{s[0] + s[1]:.0f} ({s[0]:.0f}+{s[1]:.0f})"
         lines.append(
-            f"| {r['method']} | {r['lr']:g} | {pm(r['final'])} | {pm(r['final_diff'], '+')} | {pm(r['auc'])} "
+            f"| {r['method']} | {r['lr']:g} | {r['updates_per_batch']} | {pm(r['final'])} | {pm(r['final_diff'], '+')} "
+            f"| {pm(r['auc'])} "
             f"| {pm(r['auc_diff'], '+')} | {steps(r)} | {seconds} | {share(r['rollouts'], r['rollouts_pct'])} "
             f"| {share(r['tokens'], r['tokens_pct'])} | {r['t_gen']:.2f} | {r['t_upd']:.2f} | {r['wall']} | {status} |")
     return "\n".join(lines)
 
 
-def choose_lrs(rows):
-    """Tuning mode: each method's lr with the highest mean AUC over the tuning seeds, compared as printed
-    (to 0.1 point; ties: the smaller lr)."""
+def choose(rows):
+    """Tuning mode: each method's (lr, K) with the highest mean AUC over the tuning seeds, compared as
+    printed (to 0.1 point; ties: the smaller K, then the smaller lr). -> {method: (lr, K)}"""
     best = {}
-    for r in sorted((r for r in rows if r["runs"]), key=lambda r: r["lr"]):
+    for r in sorted((r for r in rows if r["runs"]), key=lambda r: (r["updates_per_batch"], r["lr"])):
         if r["method"] not in best or r["auc"][0] > best[r["method"]]["auc"][0]:
             best[r["method"]] = r
-    return {m: r["lr"] for m, r in best.items()}
+    return {m: (r["lr"], r["updates_per_batch"]) for m, r in best.items()}
 
 # -----------------------------------------------------------------------------
 # the plot
@@ -412,12 +433,13 @@ def parse_args(argv):
     p.add_argument("--seed_start", type=int, default=0, help="the first seed (tune on others, e.g. 100)")
     p.add_argument("--out", default=os.path.join("out", "bench"), help="results folder (finished runs are reused)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
-    p.add_argument("--model", default="tiny", help="tiny, a world of tiny.WORLDS, or a model folder (every run starts from it)")
+    p.add_argument("--model", default="tiny", help="tiny, a world of tiny.WORLDS (tiny-long, ...), or a model folder")
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default: train.py's, auto)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores // jobs)")
-    p.add_argument("--lr", default=None, help="1e-4, or grpo=1e-4,d3s=2e-4, or a tuning run's lrs.json "
-                                              "(default: train.py's)")
-    p.add_argument("--lr_grid", default=None, help="tuning mode: every method at each of these lrs, e.g. 5e-5,1e-4,2e-4")
+    p.add_argument("--lr", default=None, help="1e-4, or grpo=1e-4,d3s=2e-4 (default: train.py's)")
+    p.add_argument("--tuned", default=None, help="a tuning run's tuned.json: each method's lr (and K)")
+    p.add_argument("--lr_grid", default=None, help="tuning mode: every method at each of these lrs: 5e-5,1e-4,2e-4")
+    p.add_argument("--updates_grid", default=None, help="tuning mode: and at each of these K (updates per batch): 2,4")
     for name, kind in PASS_THROUGH.items():  # None: train.py's default for the world
         kind = (lambda s: s if s == "all" else int(s)) if name == "eval_size" else kind
         p.add_argument(f"--{name}", type=kind, default=None, help="passed to train.Config" +
@@ -427,39 +449,52 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def learning_rates(args, methods):
-    """{method: [lr, ...]}: the grid in tuning mode, else one lr per method (None: train.py's default)."""
-    def number(text, flag):
+def settings(args, methods):
+    """{method: [(lr, K), ...]}: every pair of the grids in tuning mode, else one pair per method
+    (None: train.py's default)."""
+    def number(text, flag, kind=float):
         try:
-            return float(text)
+            return kind(text)
         except ValueError:
             raise ValueError(f"{flag}: {text!r} is not a number") from None
 
-    if args.lr_grid is not None:
-        if args.lr is not None:
-            raise ValueError("--lr and --lr_grid: give one (--lr_grid tunes, --lr runs with chosen rates)")
-        grid = sorted({number(x, "--lr_grid") for x in args.lr_grid.split(",")})
-        return {m: grid for m in methods}
-    if args.lr is None:
-        return {m: [None] for m in methods}
-    if args.lr.endswith(".json") or os.path.isfile(args.lr):
-        if not os.path.isfile(args.lr):
-            raise ValueError(f"--lr {args.lr}: no such file; pass a tuning run's lrs.json, a number, or method=lr pairs")
-        with open(args.lr) as f:
-            chosen = json.load(f)["lr"]
-    elif "=" in args.lr:
-        chosen = dict(pair.split("=", 1) for pair in args.lr.split(","))
-    else:
-        return {m: [number(args.lr, "--lr")] for m in methods}
+    def grid(text, flag, kind=float):
+        return sorted({number(x, flag, kind) for x in text.split(",")})
+
+    tuning = args.lr_grid is not None or args.updates_grid is not None
+    if sum([tuning, args.lr is not None, args.tuned is not None]) > 1:
+        raise ValueError("--lr, --tuned and the grids (--lr_grid, --updates_grid): give one of the three")
+    if tuning:
+        lrs = [None] if args.lr_grid is None else grid(args.lr_grid, "--lr_grid")
+        ks = [args.updates_per_batch] if args.updates_grid is None else grid(args.updates_grid, "--updates_grid", int)
+        return {m: [(lr, k) for k in ks for lr in lrs] for m in methods}
+    if args.tuned is not None:
+        if not os.path.isfile(args.tuned):
+            raise ValueError(f"--tuned {args.tuned}: no such file; pass the tuned.json of a tuning run (--lr_grid)")
+        if args.updates_per_batch is not None:
+            raise ValueError("--tuned sets each method's K (updates per batch); leave out --updates_per_batch")
+        with open(args.tuned) as f:
+            tuned = json.load(f)
+        missing = [m for m in methods if m not in tuned["lr"]]
+        if missing:
+            raise ValueError(f"--tuned {args.tuned} has no setting for {', '.join(missing)}; tune them first")
+        return {m: [(tuned["lr"][m], tuned["updates_per_batch"][m])] for m in methods}
+    if args.lr is None or "=" not in args.lr:
+        lr = None if args.lr is None else number(args.lr, "--lr")
+        return {m: [(lr, args.updates_per_batch)] for m in methods}
+    pairs = [pair.split("=", 1) for pair in args.lr.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"--lr {args.lr}: give one number, or method=lr pairs separated by commas")
+    chosen = dict(pairs)
     missing = [m for m in methods if m not in chosen]
     if missing:
         raise ValueError(f"--lr {args.lr} gives no learning rate for {', '.join(missing)}")
-    return {m: [number(str(chosen[m]), "--lr")] for m in methods}
+    return {m: [(number(chosen[m], "--lr"), args.updates_per_batch)] for m in methods}
 
 
 def configs(args):
-    """One resolved train.Config per (method, lr, seed), checked up front so that bad knobs, and finished
-    runs with another config, fail before any run starts."""
+    """One resolved train.Config per (method, lr, K, seed), checked up front so that bad knobs, and
+    finished runs with another config, fail before any run starts."""
     names = d3s.METHODS if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
     methods = list(dict.fromkeys(names))  # in order, each once
     for m in methods:
@@ -468,8 +503,9 @@ def configs(args):
     for name in ("seeds", "jobs", "threads", "steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    lrs = learning_rates(args, methods)
+    grid = settings(args, methods)
     knobs = {name: getattr(args, name) for name in PASS_THROUGH if getattr(args, name) is not None}
+    knobs.pop("updates_per_batch", None)  # in the settings
     if args.device is not None:
         knobs["device"] = args.device
     # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log
@@ -480,11 +516,11 @@ def configs(args):
     cfgs = []
     for m in methods:
         ratios = {k: getattr(args, k) for k in schedule_knobs(m) if getattr(args, k) is not None}
-        for lr in lrs[m]:
-            run = f"{m}-seed" if args.lr_grid is None else f"{m}-lr{lr:g}-seed"
+        for lr, k in grid[m]:
+            run = m + ("" if args.lr_grid is None else f"-lr{lr:g}") + ("" if args.updates_grid is None else f"-K{k}")
             for s in range(args.seed_start, args.seed_start + args.seeds):
-                cfg = train.Config(method=m, seed=s, lr=lr, out_dir=os.path.join(args.out, "runs", f"{run}{s}"),
-                                   **knobs, **ratios)
+                cfg = train.Config(method=m, seed=s, lr=lr, out_dir=os.path.join(args.out, "runs", f"{run}-seed{s}"),
+                                   **({} if k is None else {"updates_per_batch": k}), **knobs, **ratios)
                 cfgs.append(train.resolve(cfg))  # raises train.check's one-line ValueError on a bad knob
     return methods, cfgs
 
@@ -513,7 +549,7 @@ def main(argv=None):
     def done(r):
         results.append(r)
         acc = f"acc {r['history'][-1]['accuracy']:.3f}" if r["error"] is None else f"FAILED {r['error']}"
-        tqdm.write(f"{r['method']} lr {r['lr']:g} seed {r['seed']}: {acc} in {r['wall']:.0f}s ({r['out_dir']})")
+        tqdm.write(f"{label(key(r))} seed {r['seed']}: {acc} in {r['wall']:.0f}s ({r['out_dir']})")
         bar.update(1)
 
     if args.jobs == 1:
@@ -529,18 +565,19 @@ def main(argv=None):
                     done(fut.result())
                 except Exception as e:  # the worker itself died (killed, out of memory): still one row
                     cfg = futures[fut]
-                    done({"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir,
-                          "command": train_command(cfg), "history": [], "steps": [], "wall": 0.0,
-                          "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+                    done({"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
+                          "seed": cfg.seed, "out_dir": cfg.out_dir, "command": train_command(cfg), "history": [],
+                          "steps": [], "wall": 0.0, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
     bar.close()
     wall = time.time() - t0
 
     order = {cfg.out_dir: i for i, cfg in enumerate(cfgs)}
     results.sort(key=lambda r: order[r["out_dir"]])
-    keys = list(dict.fromkeys((cfg.method, cfg.lr) for cfg in cfgs))
+    keys = list(dict.fromkeys(key(cfg) for cfg in cfgs))
     rows, curves = aggregate(results, keys)
     table = format_table(rows)
-    shared = {k: v for k, v in as_json(cfgs[0]).items() if k not in ("method", "seed", "lr", "out_dir")}
+    per_run = ("method", "seed", "lr", "updates_per_batch", "out_dir")
+    shared = {k: v for k, v in as_json(cfgs[0]).items() if k not in per_run}  # what every run shares
     print(table)
     print(f"{len(todo)} runs in {wall:.0f}s with {args.jobs} job(s); {args.out}/results.md, results.json, bench.png")
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -550,14 +587,17 @@ def main(argv=None):
                    "table": rows, "curves": curves, "runs": results}, f, indent=1)
     if curves:
         plot(curves, os.path.join(args.out, "bench.png"))
-    if args.lr_grid is not None:
-        chosen = choose_lrs(rows)
-        with open(os.path.join(args.out, "lrs.json"), "w") as f:
-            json.dump({"command": command.strip(), "criterion": "highest mean AUC over the seeds; ties: the smaller lr",
-                       "lr": chosen, "auc": {f"{r['method']} lr {r['lr']:g}": r.get("auc") for r in rows}}, f, indent=1)
-        print("chosen learning rates (highest mean AUC): " + ", ".join(f"{m} {lr:g}" for m, lr in chosen.items()))
-        print(f"the study: the same command with --lr {os.path.join(args.out, 'lrs.json')} instead of --lr_grid, "
-              f"the reported seeds (--seed_start 0) and its own --out")
+    if args.lr_grid is not None or args.updates_grid is not None:
+        chosen = choose(rows)
+        path = os.path.join(args.out, "tuned.json")
+        with open(path, "w") as f:
+            json.dump({"command": command.strip(), "criterion": "highest mean AUC over the seeds (to 0.1 point); "
+                       "ties: the smaller K, then the smaller lr", "lr": {m: lr for m, (lr, _) in chosen.items()},
+                       "updates_per_batch": {m: k for m, (_, k) in chosen.items()},
+                       "auc": {label(key(r)): r.get("auc") for r in rows}}, f, indent=1)
+        print("chosen (highest mean AUC): " + ", ".join(f"{m} lr {lr:g} K {k}" for m, (lr, k) in chosen.items()))
+        print(f"the study: the same command with --tuned {path} instead of the grids, the reported seeds "
+              f"(--seed_start 0) and its own --out")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ import train
 
 
 def table_rows(text):
-    """{method (and lr when a method has several rows): [cells]} from the markdown table in a text."""
+    """{method (and lr and K when a method has several rows): [cells]} from the markdown table in a text."""
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| ") and cells[0] in bench.d3s.METHODS:
-            rows[cells[0] if cells[0] not in rows else f"{cells[0]} {cells[1]}"] = cells
+            rows[cells[0] if cells[0] not in rows else " ".join(cells[:3])] = cells
     return rows
 
 
@@ -36,17 +36,19 @@ def fake_steps(steps, kept, tokens, t_gen, t_upd):
 
 
 def fake_folders(args, accs, per_step, tmp_path):
-    """Write a finished run folder (result.json) for every (method, lr, seed) that `args` asks for, as if
-    bench had run it: accs[(method, lr, seed)] are the accuracies at steps 0, 10, 20 (tokens: 100 a step),
+    """Write a finished run folder (result.json) for every (method, lr, K, seed) that `args` asks for, as
+    if bench had run it: accs[(method, lr, K, seed)] are the accuracies at steps 0, 10, 20 (tokens: 100 a step),
     per_step[method](seed) the per-step rows. Returns the configs."""
     _, cfgs = bench.configs(bench.parse_args(args))
     for cfg in cfgs:
         history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a}
-                   for i, a in enumerate(accs[(cfg.method, cfg.lr, cfg.seed)])]
-        result = {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "",
-                  "history": history, "steps": per_step[cfg.method](cfg.seed), "wall": 10.0, "error": None}
+                   for i, a in enumerate(accs[(*bench.key(cfg), cfg.seed)])]
+        result = {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch, "seed": cfg.seed,
+                  "out_dir": cfg.out_dir, "command": "", "history": history,
+                  "steps": per_step[cfg.method](cfg.seed), "wall": 10.0, "error": None}
         (tmp_path / cfg.out_dir).mkdir(parents=True)
-        (tmp_path / cfg.out_dir / "result.json").write_text(json.dumps({"config": bench.as_json(cfg), "result": result}))
+        saved = {"config": bench.as_json(cfg), "result": result}
+        (tmp_path / cfg.out_dir / "result.json").write_text(json.dumps(saved))
     return cfgs
 
 
@@ -92,7 +94,8 @@ def test_reach_interval_two_seeds_by_hand():
     lo, hi, reached = bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5])
     assert (lo, hi) == (10, None)
     assert 0.70 < reached < 0.80  # 3/4 of the resamples reach it
-    assert bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5]) == (lo, hi, reached)  # seeded
+    again = bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5])
+    assert again == (lo, hi, reached)  # seeded
     # every resample reaches at the same step: the interval is that step
     assert bench.reach_interval([0, 10, 20], [[0.2, 0.7, 0.6], [0.2, 0.8, 0.7]], [0.5, 0.7]) == (10, 10, 1.0)
 
@@ -101,10 +104,10 @@ def test_reach_interval_two_seeds_by_hand():
 
 
 STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10", "--out", "study"]
-ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, seed); lr is train.py's default 1e-4
-    ("grpo", 1e-4, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1): [0.2, 0.3, 0.6], ("grpo", 1e-4, 2): [0.2, 0.5, 0.7],
-    ("d3s", 1e-4, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1): [0.2, 0.8, 0.7], ("d3s", 1e-4, 2): [0.2, 0.7, 0.9],
-    ("d2s", 1e-4, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 2): [0.2, 0.3, 0.4],
+ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, K, seed); lr is train.py's default 1e-4
+    ("grpo", 1e-4, 1, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1, 1): [0.2, 0.3, 0.6], ("grpo", 1e-4, 1, 2): [0.2, 0.5, 0.7],
+    ("d3s", 1e-4, 1, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1, 1): [0.2, 0.8, 0.7], ("d3s", 1e-4, 1, 2): [0.2, 0.7, 0.9],
+    ("d2s", 1e-4, 1, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 2): [0.2, 0.3, 0.4],
 }
 PER_STEP = {  # 20 steps each; grpo keeps all 128 rollouts and 1000 tokens a step
     "grpo": lambda seed: fake_steps(20, kept=128, tokens=1000, t_gen=1.0 + 0.1 * seed, t_upd=0.5),
@@ -143,42 +146,45 @@ def test_study_table_by_hand(no_training, capsys):
     # the printed table is those numbers
     rows = table_rows(printed)
     assert table_rows((no_training / "study" / "results.md").read_text()) == rows
-    assert rows["grpo"][1:8] == ["0.0001", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4", "+0.0 ± 0.0", "20 [20, 20]", "32 (22+10)"]
-    assert rows["d3s"][2:10] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4", "10 [10, 10]",
+    assert rows["grpo"][1:9] == ["0.0001", "1", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4", "+0.0 ± 0.0",
+                                 "20 [20, 20]", "32 (22+10)"]
+    assert rows["d3s"][3:11] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4", "10 [10, 10]",
                                  "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
-    assert rows["d2s"][3:8] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4", "not reached [never, never]", "-"]
+    assert rows["d2s"][4:9] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4", "not reached [never, never]", "-"]
     assert rows["d2s"][-1] == "3/3"
     # the plot's curves: seed means, t intervals, paired differences to grpo
-    curve = res["curves"]["d3s lr 0.0001"]
+    curve = res["curves"]["d3s lr 0.0001 K 1"]
     assert curve["step"] == [0, 10, 20] and curve["acc_mean"] == pytest.approx([0.2, 2.2 / 3, 2.2 / 3])
-    assert curve["acc_ci"][0] == 0.0 and curve["acc_ci"][1] == pytest.approx(t2 * math.sqrt(1 / 300) / math.sqrt(3), rel=1e-4)
+    # at step 10: .7 .8 .7, sd sqrt(1/300)
+    assert curve["acc_ci"][0] == 0.0 and curve["acc_ci"][1] == pytest.approx(t2 * math.sqrt(1 / 300 / 3), rel=1e-4)
     assert curve["diff_mean"] == pytest.approx([0.0, 0.3333333, 0.1333333])  # (.3 .5 .2) and (.1 .1 .2)
     assert (no_training / "study" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_aggregate_failures_and_no_grpo():
     def run(method, seed, accs, error=None):
-        return {"method": method, "lr": 1e-4, "seed": seed, "wall": 10.0, "error": error,
-                "history": [] if error else [{"step": 10 * i, "tokens": 100 * i, "accuracy": a} for i, a in enumerate(accs)],
+        return {"method": method, "lr": 1e-4, "updates_per_batch": 1, "seed": seed, "wall": 10.0, "error": error,
+                "history": [{"step": 10 * i, "tokens": 100 * i, "accuracy": a} for i, a in enumerate(accs)],
                 "steps": [] if error else fake_steps(20, kept=8, tokens=100, t_gen=1.0, t_upd=0.5)}
     results = [run("grpo", 0, [0.2, 0.4, 0.5]), run("grpo", 1, [0.2, 0.3, 0.7]),
                run("d3s", 0, [0.2, 0.7, 0.6]), run("d3s", 1, [], error="RuntimeError: boom"),
                run("d2s", 0, [], error="ValueError: bad")]
-    rows, _ = bench.aggregate(results, [("grpo", 1e-4), ("d3s", 1e-4), ("d2s", 1e-4)])
+    rows, _ = bench.aggregate(results, [("grpo", 1e-4, 1), ("d3s", 1e-4, 1), ("d2s", 1e-4, 1)])
     grpo, d3s, d2s = rows
     assert grpo["final"] == [60.0, 127.1]  # t(0.975, 1) 12.706 * sd .1414 / sqrt(2)
     # one d3s seed: no interval; paired with grpo's seed 0 only: .6 - .5
     assert d3s["final"] == [60.0, None] and d3s["final_diff"] == [10.0, None]
     assert d3s["runs"] == 1 and d3s["failed"] == ["seed 1: RuntimeError: boom"] and d3s["wall"] == 20
-    assert d2s == {"method": "d2s", "lr": 1e-4, "runs": 0, "failed": ["seed 0: ValueError: bad"], "wall": 10}
+    assert d2s == {"method": "d2s", "lr": 1e-4, "updates_per_batch": 1, "runs": 0,
+                   "failed": ["seed 0: ValueError: bad"], "wall": 10}
     cells = table_rows(bench.format_table(rows))
-    assert cells["d3s"][2:4] == ["60.0", "+10.0"]
+    assert cells["d3s"][3:5] == ["60.0", "+10.0"]
     assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
-    assert cells["d2s"][2] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
+    assert cells["d2s"][3] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
     # without grpo there is nothing to compare with
-    rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4)])
+    rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
-    assert table_rows(bench.format_table(rows))["d3s"][3:8] == ["-", "55.0", "-", "-", "-"]  # AUC (4.5 + 6.5) / 20
+    assert table_rows(bench.format_table(rows))["d3s"][4:9] == ["-", "55.0", "-", "-", "-"]  # AUC (4.5 + 6.5) / 20
 
 # -----------------------------------------------------------------------------
 # finished runs: reused, and never for another config
@@ -202,9 +208,10 @@ def test_only_unfinished_runs_are_run(no_training, monkeypatch, capsys):
 
     def run_one(cfg):
         ran.append(cfg.out_dir)
-        history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a} for i, a in enumerate(ACCS[("d3s", cfg.lr, 1)])]
-        return {"method": cfg.method, "lr": cfg.lr, "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "",
-                "history": history, "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
+        accs = ACCS[("d3s", cfg.lr, 1, 1)]
+        history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a} for i, a in enumerate(accs)]
+        return {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": 1, "seed": cfg.seed, "out_dir": cfg.out_dir,
+                "command": "", "history": history, "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
     monkeypatch.setattr(bench, "run_one", run_one)
     monkeypatch.setattr(bench, "load_model", lambda name: None)  # no tiny model to build for a fake run
     monkeypatch.setattr(bench, "_init_worker", lambda threads: None)  # leave this process's torch threads alone
@@ -217,38 +224,61 @@ def test_only_unfinished_runs_are_run(no_training, monkeypatch, capsys):
 # learning rates: per method, a tuning grid, its lrs.json
 
 
-def test_lr_per_method_and_from_a_file(tmp_path):
-    def lrs(*flags):
-        _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--seeds", "1", "--out", str(tmp_path), *flags]))
-        return {c.method: c.lr for c in cfgs}
-    assert lrs() == {"grpo": 1e-4, "d3s": 1e-4}                  # train.py's default for the tiny world
-    assert lrs("--lr", "3e-4") == {"grpo": 3e-4, "d3s": 3e-4}
-    assert lrs("--lr", "grpo=5e-5,d3s=2e-4") == {"grpo": 5e-5, "d3s": 2e-4}
-    (tmp_path / "lrs.json").write_text(json.dumps({"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0}}))
-    assert lrs("--lr", str(tmp_path / "lrs.json")) == {"grpo": 2e-4, "d3s": 5e-5}
+def test_lr_per_method_and_from_a_tuned_file(tmp_path):
+    def settings(*flags):
+        args = ["--methods", "grpo,d3s", "--seeds", "1", "--out", str(tmp_path), *flags]
+        _, cfgs = bench.configs(bench.parse_args(args))
+        return {c.method: (c.lr, c.updates_per_batch) for c in cfgs}
+    assert settings() == {"grpo": (1e-4, 1), "d3s": (1e-4, 1)}         # train.py's defaults for the tiny world
+    assert settings("--lr", "3e-4") == {"grpo": (3e-4, 1), "d3s": (3e-4, 1)}
+    assert settings("--lr", "grpo=5e-5,d3s=2e-4", "--updates_per_batch", "2") == {"grpo": (5e-5, 2), "d3s": (2e-4, 2)}
+    (tmp_path / "tuned.json").write_text(json.dumps({"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0},
+                                                     "updates_per_batch": {"grpo": 1, "d3s": 4, "pods": 1}}))
+    assert settings("--tuned", str(tmp_path / "tuned.json")) == {"grpo": (2e-4, 1), "d3s": (5e-5, 4)}
 
 
 def test_tuning_mode_chooses_each_methods_lr_by_auc(no_training, capsys):
     tune = ["--methods", "grpo,d3s", "--lr_grid", "2e-4,1e-4", "--seeds", "2", "--seed_start", "100",
             "--steps", "20", "--eval_every", "10", "--out", "tune"]
     accs = {  # mean AUC: grpo 1e-4 (.2+.5)/4 + (.5+.5)/4 = .425 vs 2e-4 .4 ; d3s tie .4 = .4: the smaller lr
-        ("grpo", 1e-4, 100): [0.2, 0.5, 0.5], ("grpo", 1e-4, 101): [0.2, 0.5, 0.5],
-        ("grpo", 2e-4, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 101): [0.2, 0.4, 0.6],   # better final, lower AUC
-        ("d3s", 1e-4, 100): [0.2, 0.4, 0.6], ("d3s", 1e-4, 101): [0.2, 0.4, 0.6],
-        ("d3s", 2e-4, 100): [0.2, 0.5, 0.4], ("d3s", 2e-4, 101): [0.2, 0.3, 0.8],
+        ("grpo", 1e-4, 1, 100): [0.2, 0.5, 0.5], ("grpo", 1e-4, 1, 101): [0.2, 0.5, 0.5],
+        ("grpo", 2e-4, 1, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 1, 101): [0.2, 0.4, 0.6],   # better final, lower AUC
+        ("d3s", 1e-4, 1, 100): [0.2, 0.4, 0.6], ("d3s", 1e-4, 1, 101): [0.2, 0.4, 0.6],
+        ("d3s", 2e-4, 1, 100): [0.2, 0.5, 0.4], ("d3s", 2e-4, 1, 101): [0.2, 0.3, 0.8],
     }
     cfgs = fake_folders(tune, accs, PER_STEP, no_training)
     assert sorted(c.out_dir for c in cfgs)[:2] == ["tune/runs/d3s-lr0.0001-seed100", "tune/runs/d3s-lr0.0001-seed101"]
     printed = main(tune, capsys)
-    chosen = json.loads((no_training / "tune" / "lrs.json").read_text())
-    assert chosen["lr"] == {"grpo": 1e-4, "d3s": 1e-4}
-    assert chosen["auc"]["grpo lr 0.0002"] == [40.0, 0.0] and chosen["auc"]["grpo lr 0.0001"] == [42.5, 0.0]
-    assert "chosen learning rates (highest mean AUC): grpo 0.0001, d3s 0.0001" in printed
+    chosen = json.loads((no_training / "tune" / "tuned.json").read_text())
+    assert chosen["lr"] == {"grpo": 1e-4, "d3s": 1e-4} and chosen["updates_per_batch"] == {"grpo": 1, "d3s": 1}
+    assert chosen["auc"]["grpo lr 0.0002 K 1"] == [40.0, 0.0] and chosen["auc"]["grpo lr 0.0001 K 1"] == [42.5, 0.0]
+    assert "chosen (highest mean AUC): grpo lr 0.0001 K 1, d3s lr 0.0001 K 1" in printed
     rows = table_rows(printed)  # two grpo rows: no comparison to GRPO in tuning
-    assert len(rows) == 4 and all(r[3] == "-" and r[6] == "-" for r in rows.values())
+    assert len(rows) == 4 and all(r[4] == "-" and r[7] == "-" for r in rows.values())
     # the study reads the file: seeds 0.. with the chosen rates
-    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--lr", "tune/lrs.json", "--seeds", "8"]))
-    assert {(c.method, c.lr) for c in cfgs} == {("grpo", 1e-4), ("d3s", 1e-4)} and [c.seed for c in cfgs[:8]] == list(range(8))
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--tuned", "tune/tuned.json", "--seeds", "8"]))
+    assert {(c.method, c.lr) for c in cfgs} == {("grpo", 1e-4), ("d3s", 1e-4)}
+    assert [c.seed for c in cfgs[:8]] == list(range(8))
+
+
+def test_tuning_k_and_lr_together(no_training, capsys):
+    tune = ["--methods", "grpo,d3s", "--lr_grid", "1e-4,5e-5", "--updates_grid", "4,2", "--seeds", "1",
+            "--seed_start", "100", "--steps", "20", "--eval_every", "10", "--out", "tune-k"]
+    flat, good = [0.2, 0.4, 0.4], [0.2, 0.6, 0.6]  # AUC .35 and .5
+    accs = {(m, lr, k, 100): flat for m in ("grpo", "d3s") for lr in (5e-5, 1e-4) for k in (2, 4)}
+    accs[("grpo", 5e-5, 4, 100)] = good                               # grpo: the one best pair
+    accs[("d3s", 1e-4, 4, 100)] = accs[("d3s", 5e-5, 4, 100)] = good  # d3s: a tie at K 4: the smaller lr
+    cfgs = fake_folders(tune, accs, PER_STEP, no_training)
+    assert [c.out_dir for c in cfgs[:4]] == [f"tune-k/runs/grpo-lr{lr}-K{k}-seed100"
+                                             for k in (2, 4) for lr in ("5e-05", "0.0001")]
+    assert [c.updates_per_batch for c in cfgs[:4]] == [2, 2, 4, 4]
+    main(tune, capsys)
+    chosen = json.loads((no_training / "tune-k" / "tuned.json").read_text())
+    assert chosen["lr"] == {"grpo": 5e-5, "d3s": 5e-5} and chosen["updates_per_batch"] == {"grpo": 4, "d3s": 4}
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "d3s,grpo", "--tuned", "tune-k/tuned.json", "--seeds", "1"]))
+    assert [(c.method, c.lr, c.updates_per_batch, c.out_dir) for c in cfgs] == [
+        ("d3s", 5e-5, 4, "out/bench/runs/d3s-seed0"), ("grpo", 5e-5, 4, "out/bench/runs/grpo-seed0")]
+
 
 # -----------------------------------------------------------------------------
 # what reaches train.Config
@@ -259,33 +289,38 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
         "grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"], "d2s": ["s_init", "t_init"],
         "d3s": ["s_init", "s_final", "t_init", "t_final"], "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
         "entropy": []}  # entropy keeps its fixed t_keep 0.2
-    _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out", str(tmp_path), "--s_init", "0.5",
-                                              "--s_final", "0.9", "--t_init", "0.3", "--t_final", "0.8"]))
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out", str(tmp_path),
+                                              "--s_init", "0.5", "--s_final", "0.9", "--t_init", "0.3", "--t_final", "0.8"]))
+    # no error: train.py refuses a ratio a method would ignore. config.json records what each applies:
+    # 1 where it keeps everything, entropy's fixed 0.2, init = final without a schedule
     got = {c.method: (c.s_init, c.s_final, c.t_init, c.t_final) for c in cfgs}
-    assert got["grpo"] == got["entropy"] == (0.25, 0.75, 0.2, 0.6)  # train.py's defaults, untouched
-    assert got["pods"] == got["d1s-cross"] == (0.5, 0.75, 0.2, 0.6)
-    assert got["d2s"] == (0.5, 0.75, 0.3, 0.6) and got["d3s"] == (0.5, 0.9, 0.3, 0.8)
+    assert got["grpo"] == (1.0, 1.0, 1.0, 1.0) and got["entropy"] == (1.0, 1.0, 0.2, 0.2)
+    assert got["pods"] == got["d1s"] == got["d1s-cross"] == (0.5, 0.5, 1.0, 1.0)
+    assert got["d2s"] == (0.5, 0.5, 0.3, 0.3) and got["d3s"] == got["d3s-i"] == (0.5, 0.9, 0.3, 0.8)
 
 
 def test_pass_through_and_the_whole_test_split(tmp_path):
     _, cfgs = bench.configs(bench.parse_args([
         "--methods", "grpo", "--seeds", "2", "--seed_start", "100", "--out", str(tmp_path), "--eval_size", "all",
         "--eval_every", "10", "--loss", "gspo", "--updates_per_batch", "1", "--optimizer", "sgd", "--momentum", "0.5",
-        "--max_new_tokens", "40", "--micro_batch_size", "7"]))
+        "--max_new_tokens", "40", "--micro_batch_size", "7", "--grad_clip", "0"]))
     assert [c.seed for c in cfgs] == [100, 101]
     c = cfgs[0]
     assert (c.eval_size, c.eval_every) == (1036, 10)  # the tiny world's whole test split
     assert (c.loss, c.updates_per_batch, c.optimizer, c.momentum, c.max_new_tokens, c.micro_batch_size) == \
         ("gspo", 1, "sgd", 0.5, 40, 7)
+    assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
     assert c.save_every == 10 ** 9 and c.progress is False and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
-    assert bench.train_command(c).startswith("python train.py --dataset tiny --eval_dataset tiny --method grpo --loss gspo ")
+    assert bench.train_command(c).startswith("python train.py --dataset tiny --eval_dataset tiny --method grpo "
+                                             "--loss gspo ")
 
 # -----------------------------------------------------------------------------
 # a real 2-step run of grpo and d3s through train.train
 
 
 ARGS = ["--methods", "grpo,d3s", "--seeds", "1", "--steps", "2", "--eval_every", "1", "--eval_size", "16",
-        "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench", "--lr", "grpo=1e-4,d3s=2e-4",
+        "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench",
+        "--lr", "grpo=1e-4,d3s=2e-4",
         "--max_new_tokens", "30", "--micro_batch_size", "3", "--s_init", "0.5", "--t_final", "0.7"]
 
 
@@ -322,21 +357,24 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(", (run / "train.log").read_text())]
         assert len(logs[m]) == 2 and len(accs[m]) == 3  # steps 0, 1; evaluations at 0, 1, 2
         assert not (run / "checkpoint").exists()
-    # the ratio knobs reached d3s only: grpo keeps train.py's defaults
-    grpo_cfg, d3s_cfg = (json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text()) for m in ("grpo", "d3s"))
-    assert (grpo_cfg["s_init"], grpo_cfg["t_final"]) == (0.25, 0.6) and (d3s_cfg["s_init"], d3s_cfg["t_final"]) == (0.5, 0.7)
+    # the ratio knobs reached d3s only (train.py would refuse them for grpo, which keeps everything)
+    grpo_cfg, d3s_cfg = (json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+                         for m in ("grpo", "d3s"))
+    assert (grpo_cfg["s_init"], grpo_cfg["t_final"]) == (1.0, 1.0)
+    assert (d3s_cfg["s_init"], d3s_cfg["t_final"]) == (0.5, 0.7)
     for m, cells in rows.items():
         t, log = table[m], logs[m]
-        assert cells[2] == f"{t['final'][0]:.1f}" and t["final"] == [round(100 * accs[m][-1], 1), None]
+        assert cells[3] == f"{t['final'][0]:.1f}" and t["final"] == [round(100 * accs[m][-1], 1), None]
         assert t["rollouts"] == sum(r["kept"] for r in log)
         assert t["tokens"] == sum(r["tokens"] for r in log) == log[-1]["tokens_trained"]
         assert t["t_gen"] == round(sum(r["t_gen"] for r in log) / 2, 2)
         assert cells[-1] == "1/1"
         run = next(r for r in res["runs"] if r["method"] == m)
-        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)  # printed with 3 decimals
+        # printed with 3 decimals: 0.1875 is "0.188", exactly 5e-4 away
+        assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)
         # its train.py command line is this very run
-        assert bench.as_json(train.resolve(train.parse_args(run["command"].split()[2:]))) == json.loads(
-            (out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        cfg, _ = train.parse_args(run["command"].split()[2:])
+        assert bench.as_json(train.resolve(cfg)) == json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 -> 0.75,
     # and round(0.7 * valid) tokens at the last step (t_final 0.7)
     assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 4 + 6
@@ -362,7 +400,8 @@ def test_repeating_the_command_reuses_the_runs(benched, monkeypatch, capsys):
     (["--methods", "grpo,nope"], "nope"), (["--seeds", "0"], "--seeds"), (["--steps", "0"], "--steps"),
     (["--lr", "-1"], "--lr"), (["--s_init", "2", "--methods", "d3s"], "--s_init"),
     (["--lr", "grpo=1e-4"], "no learning rate for d3s"), (["--lr", "grpo=x,d3s=1"], "'x' is not a number"),
-    (["--lr", "nofile.json"], "no such file"), (["--lr", "1e-4", "--lr_grid", "1e-4,2e-4"], "--lr_grid"),
+    (["--tuned", "nofile.json"], "no such file"), (["--lr", "1e-4", "--lr_grid", "1e-4,2e-4"], "give one of the three"),
+    (["--lr", "grpo=1e-4,d3s"], "method=lr pairs"), (["--updates_grid", "2,x"], "'x' is not a number"),
     (["--optimizer", "adam"], "--optimizer"), (["--eval_size", "0"], "--eval_size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, capsys):
