@@ -29,18 +29,19 @@ Steps 1 and 5 of ../shared/D3S.md:
                    autograd ever holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
 
 [ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
-distribution it samples from, softmax(logits / T) over the full vocabulary: the step line logs it,
-and when the kept rollouts need several micro-batches it is the entropy of token selection (D3S.md
-step 6), so no extra full-vocabulary forward pass is needed. The cached decode computes the same
+distribution it samples from, softmax(logits / T) over the full vocabulary (Sampler): the step line
+logs it, and when the kept rollouts need several micro-batches it is the entropy of token selection
+(step 6), so no extra full-vocabulary forward pass is needed. The cached decode computes the same
 function as the training forward in another order of floating-point operations; on the tiny model
-the two entropies differ by at most ~1e-6 in float32 (tests/test_rollout.py measures it).
+the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it).
 
-[ours] Sampling uses exactly softmax(logits / T), optionally top_p: we override the knobs that a
-checkpoint's generation_config.json may set (Qwen2.5 instruct ships top_k=20 and
+[ours] Sampling is exactly softmax(logits / T): Sampler draws the tokens, and every knob a
+checkpoint's generation_config.json may set is switched off (Qwen2.5 instruct ships top_k=20 and
 repetition_penalty=1.05, and transformers' own default is top_k=50), because the policy gradient
 scores samples with token_logprobs, which knows only T. A different sampler would make the rollouts
-off-policy without saying so.
+off-policy without saying so. (eval.py's top_p < 1 uses generate's own sampler with those knobs off.)
 """
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -156,18 +157,29 @@ def _encode_left_padded(tokenizer, prompts, pad_id):
     return prompt_ids, prompt_mask  # (n, P), (n, P)
 
 
-class EntropyRecorder(LogitsProcessor):
-    """Records H = -sum_v p_v log p_v of p = softmax(logits / T) at every decode step, and changes
-    nothing. generate runs custom processors before its temperature and top-p warpers, so the scores
-    here are the raw logits: we divide by T ourselves, and top-p never reaches this entropy."""
+class Sampler(LogitsProcessor):
+    """Draws every next token from exactly softmax(logits / T), the distribution step 5 scores the
+    samples with, and records that distribution's entropy H at every decode step.
+
+    generate then decodes greedily over what this returns: 0 at the drawn token, -inf elsewhere.
+    generate runs custom processors before any warper of its own, so the scores here are the raw
+    logits. [ours] The draw is by inverse CDF, one uniform number per row against the float64
+    cumulative sum of the probabilities: the same distribution as generate's own torch.multinomial,
+    which on a CPU costs 35 ms per decode step over a 151,936-token vocabulary (it is bound by
+    random-number generation), against 4 ms here.
+    """
 
     def __init__(self, temperature):
-        self.temperature, self.steps = temperature, []
+        self.temperature, self.entropy = temperature, []
 
     def __call__(self, input_ids, scores):
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (b, V)
-        self.steps.append(-(logp.exp() * logp).sum(dim=-1))  # (b,)
-        return scores
+        p = logp.exp()
+        self.entropy.append(torch.special.entr(p).sum(dim=-1))  # (b,) -p log p, 0 where p = 0 (a -inf logit)
+        cdf = p.double().cumsum(dim=-1)  # (b, V) float64: no rounding drift over 151,936 terms
+        u = torch.rand(p.shape[0], 1, dtype=torch.float64, device=p.device) * cdf[:, -1:]  # uniform in [0, total)
+        token = torch.searchsorted(cdf, u, side="right").clamp(max=p.shape[-1] - 1)  # (b, 1); never a p = 0 token
+        return torch.full_like(scores, -math.inf).scatter_(-1, token, 0.0)
 
 
 CACHES = ("prefix", "plain", "static")
@@ -201,8 +213,9 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
         raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1 or None (all rows at once)")
     if cache not in CACHES:
         raise ValueError(f"cache={cache!r} must be one of {', '.join(CACHES)}")
-    if record_entropy and temperature == 0:
-        raise ValueError("record_entropy needs sampling (temperature > 0): greedy decoding has no distribution T")
+    if record_entropy and not (temperature > 0 and top_p == 1):
+        raise ValueError("record_entropy needs plain sampling (temperature > 0, top_p = 1): it records the entropy "
+                         "of softmax(logits / T)")
 
     stop_ids = stop_token_ids(model, tokenizer)
     # [ours] a tokenizer without a pad token (Llama) pads with its first stop id; harmless, since
@@ -216,10 +229,12 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     group = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
     B, P = prompt_ids.shape
 
-    if temperature == 0:
-        sampling = dict(do_sample=False)
+    own_sampler = temperature > 0 and top_p == 1
+    if temperature == 0 or own_sampler:
+        sampling = dict(do_sample=False)  # greedy; with our Sampler, greedy over its one-hot scores
     else:
-        # Exactly softmax(logits / T) (+ top_p): switch off whatever generation_config.json asks for.
+        # nucleus sampling (eval.py): generate's own sampler, exactly softmax(logits / T) + top_p, with
+        # whatever generation_config.json asks for switched off
         sampling = dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
                         typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
         if model.generation_config.min_p is not None:
@@ -236,7 +251,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     try:
         with torch.no_grad():
             for s in range(0, B, step):
-                recorder = EntropyRecorder(temperature) if record_entropy else None
+                sampler = Sampler(temperature) if own_sampler else None
                 extra = {"cache_implementation": "static"} if cache == "static" else {}
                 if share:
                     extra["cache"] = prefill(model, prompt_ids[s:s + step:group_size],
@@ -244,11 +259,11 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
                 out = model.generate(
                     input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step],
                     max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad_id,
-                    logits_processor=LogitsProcessorList([recorder] if recorder else []), **sampling, **knobs, **extra,
+                    logits_processor=LogitsProcessorList([sampler] if sampler else []), **sampling, **knobs, **extra,
                 )  # (b, P + t), t <= max_new_tokens: generate stops early once every row has stopped
                 chunks.append(out[:, P:])
-                if recorder:
-                    entropies.append(torch.stack(recorder.steps, dim=1))  # (b, t)
+                if record_entropy:
+                    entropies.append(torch.stack(sampler.entropy, dim=1))  # (b, t)
     finally:
         model.train(was_training)
 
