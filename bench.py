@@ -576,7 +576,7 @@ def main(argv=None):
     keys = list(dict.fromkeys(key(cfg) for cfg in cfgs))
     rows, curves = aggregate(results, keys)
     table = format_table(rows)
-    per_run = ("method", "seed", "lr", "updates_per_batch", "out_dir")
+    per_run = ("method", "seed", "lr", "updates_per_batch", "out_dir", *RATIOS)  # the ratios each method applies
     shared = {k: v for k, v in as_json(cfgs[0]).items() if k not in per_run}  # what every run shares
     print(table)
     print(f"{len(todo)} runs in {wall:.0f}s with {args.jobs} job(s); {args.out}/results.md, results.json, bench.png")
