@@ -2,7 +2,8 @@
 How fast is one training step? train.py (grpo, d3s) and TRL's GRPOTrainer on exactly the same model,
 prompts and settings, one after the other, in one run.
 
-    python bench_speed.py --data_dir ../shared/data --tokenizer ../shared/tokenizers/qwen2.5   # the README's table
+    python bench_speed.py                                        # the README's table (GSM8K and the Qwen2.5 tokenizer)
+    python bench_speed.py --data_dir DATA --tokenizer FOLDER     # offline: local copies
     python bench_speed.py --model tiny --dataset tiny --steps 3                                 # the tiny world, seconds
     python bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda                               # a real model on a GPU
 
@@ -206,7 +207,7 @@ def parse_args(argv):
     p.add_argument("--model", default="smollm2-135m-random", help="smollm2-135m-random, tiny, a folder or a hub id")
     p.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="for smollm2-135m-random: a tokenizer folder or hub id")
     p.add_argument("--dataset", default="gsm8k")
-    p.add_argument("--data_dir", default=None, help="local copies laid out as NAME/SPLIT.jsonl (e.g. ../shared/data)")
+    p.add_argument("--data_dir", default=None, help="local copies laid out as NAME/SPLIT.jsonl (gsm8k/train.jsonl)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--prompts_per_step", type=int, default=2)

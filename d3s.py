@@ -1,9 +1,9 @@
 """
 The math of D3S (Dynamic Dual-Level Down-Sampling, arXiv 2509.22115) as pure tensor functions.
 
-No model, no I/O, no global state: tensors in, tensors out, so any trainer can import this file.
-Equations are those of ../shared/D3S.md; every choice the paper leaves open is marked [ours], here
-and in the code below.
+No model, no I/O, no global state: tensors in, tensors out, so any trainer can import this file
+(train.py and trl_d3s.py both do). The equations are those of docs/algorithm.md; every choice the
+paper leaves open is marked [ours], here, there and in the code below.
 
   group_advantages   A_i = (r_i - mean_g(r)) / (std_g(r) + eps), std unbiased (torch.std), eps 1e-6;
                      scale="none" (Dr. GRPO) drops the division. A group with equal rewards has A = 0.
@@ -15,7 +15,7 @@ and in the code below.
                      score every i at once, O(n log n). [ours] among candidates of equal variance we
                      take the one with the fewest values exactly 0, then the fewest from the top; the
                      sums run in float64 on the CPU, after centring, to keep cancellation harmless.
-  select_samples     step 4, sample level. Modes (D3S.md table):
+  select_samples     step 4, sample level. Modes (docs/algorithm.md table):
                        none   keep all B.
                        cross  N = round(rho_s * B) of maximal variance of the pooled group-normalised A
                               (the D3S default); kept A are NOT re-normalised. Zero-A groups are
@@ -42,11 +42,11 @@ and in the code below.
                      not only the kept ones (see policy_loss). GSPO's own small eps (3e-4 / 4e-4 in
                      the GSPO paper) is the caller's to pass.
                      Optional KL to a reference, k3: exp(ref - logp) - (ref - logp) - 1, times beta,
-                     added to each kept token's loss. [ours] (D3S.md) the sum over kept tokens is
-                     divided by num_tokens, the kept tokens of the whole step, so micro-batches give
-                     the same gradient as one batch. [ours] clip_frac counts the kept tokens whose
+                     added to each kept token's loss. [ours] the sum over kept tokens is divided by
+                     num_tokens, the kept tokens of the whole update, so micro-batches give the
+                     same gradient as one batch. [ours] clip_frac counts the kept tokens whose
                      gradient the clip removes (ratio out of range on the side that A pushes).
-  METHODS            the named methods of D3S.md -> dict(sample=..., token=..., schedule=...);
+  METHODS            the named methods (docs/algorithm.md) -> dict(sample=..., token=..., schedule=...);
                      `entropy` (80/20) also carries its fixed token ratio t_keep=0.2.
                      [ours] grpo's schedule is "-" in the table; we store "constant" (it keeps
                      nothing away, so the ratios are never used) so the loop can always call keep_ratios.
@@ -62,7 +62,7 @@ SCHEDULES = ("linear", "constant")
 LOSSES = ("grpo", "gspo")
 SCALES = ("group", "none")
 
-# The named methods of D3S.md: the paper's ablations plus the baselines it compares to.
+# The named methods (docs/algorithm.md): the paper's ablations plus the baselines it compares to.
 # Each runs on GRPO or GSPO (`loss`), chosen separately.
 METHODS = {
     "grpo":      dict(sample="none",  token="none",        schedule="constant"),  # [ours] table: "-"
@@ -76,7 +76,8 @@ METHODS = {
 }
 
 # -----------------------------------------------------------------------------
-# checks: every bad input is a ValueError with a one-line message
+# checks: every bad input a caller can pass is a ValueError with a one-line message. They sit here,
+# out of the way, so that each function below reads as its equation, one line of checks, then the math.
 
 
 def _check_choice(name, value, allowed):
@@ -116,19 +117,81 @@ def _check_bool(name, tensor):
     if tensor.dtype != torch.bool:
         raise ValueError(f"{name} must be a bool tensor, got {tensor.dtype}; pass {name}.bool()")
 
+
+def _check_finite(name, tensor):
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} must be finite, got NaN or inf")
+
+
+def _check_k(k, n):
+    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= n):
+        raise ValueError(f"k must be an integer in [1, {n}] (the number of values), got {k}")
+
+
+def _check_rows(entropy, advantages):
+    if entropy.shape[0] != advantages.shape[0]:
+        raise ValueError(f"entropy has {entropy.shape[0]} rows, must match advantages ({advantages.shape[0]})")
+
+
+def _check_some_valid(mask):
+    if not mask.any():
+        raise ValueError("mask has no valid position; there is no token to keep")
+
+
+def _check_finite_at(scores, mask):
+    if not torch.isfinite(scores[mask]).all():
+        raise ValueError("scores must be finite at valid positions, got NaN or inf")
+
+
+def _check_step(step, total_steps):
+    if isinstance(step, bool) or not isinstance(step, int) or not (0 <= step < total_steps):
+        raise ValueError(f"step must be an integer in [0, {total_steps - 1}], got {step}")
+
+
+def _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_tokens, loss, eps_low, eps_high, ref_logp,
+                     beta):
+    """policy_loss's arguments, each a mistake a caller can make; returns num_tokens as an int."""
+    _check_choice("loss", loss, LOSSES)
+    _check_dim("logp", logp, 2, "2-D (N, T)")
+    _check_shape("old_logp", old_logp, logp.shape, "logp")
+    _check_bool("token_mask", token_mask)
+    _check_shape("token_mask", token_mask, logp.shape, "logp")
+    _check_shape("advantages", advantages, logp.shape[:1], "the rows of logp")
+    _check_bool("seq_mask", seq_mask)
+    _check_shape("seq_mask", seq_mask, logp.shape, "logp")
+    if (token_mask & ~seq_mask).any():
+        raise ValueError("token_mask keeps a position that seq_mask marks invalid; kept tokens must be valid")
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if not (0 <= value < 1):
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+    if not (beta >= 0):
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logp (N, T); pass it or set beta=0")
+    if ref_logp is not None:
+        _check_shape("ref_logp", ref_logp, logp.shape, "logp")
+    kept = int(token_mask.sum())
+    if isinstance(num_tokens, torch.Tensor) and num_tokens.numel() == 1 and not num_tokens.is_floating_point():
+        num_tokens = int(num_tokens)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < max(1, kept):
+        raise ValueError(f"num_tokens must be the step's total of kept tokens, an integer >= {max(1, kept)} "
+                         f"(the tokens kept in this call), got {num_tokens}")
+    return num_tokens
+
 # -----------------------------------------------------------------------------
 # step 3: advantages
 
 
 def group_advantages(rewards, group_size, scale="group", eps=1e-6):
-    """GRPO advantages on the full group. rewards (B,), rollouts of prompt 0 first -> (B,)."""
+    """Step 3, GRPO's advantages on the full group: A_i = (r_i - mean_g(r)) / (std_g(r) + eps), the
+    unbiased std; scale="none" (Dr. GRPO) drops the division. rewards (B,), prompt 0's G first -> (B,)."""
     _check_groups(rewards, group_size)
     _check_choice("scale", scale, SCALES)
     r = rewards.float() if not rewards.is_floating_point() else rewards
     r = r.view(-1, group_size)  # (P, G)
     a = r - r.mean(dim=1, keepdim=True)  # exactly 0 in a group of equal rewards
     if scale == "group":
-        a = a / (r.std(dim=1, keepdim=True) + eps)  # unbiased std, as torch.std and D3S.md
+        a = a / (r.std(dim=1, keepdim=True) + eps)  # unbiased std, as torch.std
     return a.view(-1)
 
 # -----------------------------------------------------------------------------
@@ -136,7 +199,7 @@ def group_advantages(rewards, group_size, scale="group", eps=1e-6):
 
 
 def num_keep(ratio, n):
-    """How many of n to keep for a ratio in (0, 1]: round half up, at least 1, at most n. [ours]"""
+    """How many of n to keep for a ratio in (0, 1]: round(ratio * n), half up, at least 1, at most n. [ours]"""
     _check_ratio("keep", ratio)
     _check_int("n", n, 1)
     return min(n, max(1, int(ratio * n + 0.5)))
@@ -175,22 +238,22 @@ def _max_variance_rows(values, k):
 
 
 def max_variance_subset(values, k):
-    """Indices (k,) of k elements of values (n,) with maximal variance, sorted ascending."""
+    """argmax over k-subsets S of Var(values[S]): indices (k,) into values (n,), sorted ascending.
+    A best S is the i largest plus the k - i smallest for some i in 0..k (_max_variance_rows)."""
     _check_dim("values", values, 1, "1-D (n,)")
-    n = values.numel()
-    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= n):
-        raise ValueError(f"k must be an integer in [1, {n}] (the number of values), got {k}")
-    if not torch.isfinite(values).all():
-        raise ValueError("values must be finite, got NaN or inf")
+    _check_k(k, values.numel())
+    _check_finite("values", values)
     return _max_variance_rows(values[None], k)[0].to(values.device)
 
 
 def select_samples(rewards, advantages, group_size, keep, mode, generator=None, scale="group"):
     """
-    Step 4: which rollouts go on to the policy forward. rewards, advantages (B,), laid out group by
-    group; keep = rho_s. Returns (indices (N,) sorted ascending, advantages of the kept rollouts (N,)).
-    Only `pods` changes the advantages (it re-normalises with `scale`, as group_advantages does);
-    the others return advantages[indices] as given: D3S keeps the full group's normalisation.
+    Step 4: which rollouts go on to the policy forward. For cross: the N = round(keep * B) of maximal
+    Var(A) over the whole batch; intra / pods: n = max(2, round(keep * G)) per group, on A / on r.
+    rewards, advantages (B,), laid out group by group; keep = rho_s. Returns (indices (N,) sorted
+    ascending, advantages of the kept rollouts (N,)). Only `pods` changes the advantages (it
+    re-normalises with `scale`, as group_advantages does); the others return advantages[indices] as
+    given: D3S keeps the full group's normalisation.
     """
     _check_groups(rewards, group_size)
     _check_shape("advantages", advantages, rewards.shape, "rewards")
@@ -215,8 +278,7 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
     else:  # intra, pods: the same count n in every group, at least 2 so a group keeps a contrast
         n = min(group_size, max(2, num_keep(keep, group_size)))
         on = advantages if mode == "intra" else rewards  # PODS selects on the raw rewards
-        if not torch.isfinite(on).all():
-            raise ValueError(f"{'advantages' if mode == 'intra' else 'rewards'} must be finite")
+        _check_finite("advantages" if mode == "intra" else "rewards", on)
         cols = _max_variance_rows(on.view(-1, group_size), n)  # (P, n) positions within each group
         offsets = torch.arange(0, B, group_size)[:, None]  # (P, 1) start of each group
         idx = (cols + offsets).view(-1).to(device)  # ascending: groups in order, columns sorted
@@ -229,13 +291,12 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
 
 
 def token_scores(advantages, entropy, mode):
-    """Score of each token: |A_i| * H_{i,t} (adv_entropy) or H_{i,t} (entropy). (N,), (N, T) -> (N, T)."""
+    """Step 6: s_{i,t} = |A_i| * H_{i,t} (adv_entropy, D3S) or H_{i,t} (entropy, 80/20). (N,), (N, T) -> (N, T)."""
     _check_choice("mode", mode, TOKEN_MODES[1:])  # "none" keeps every token: nothing to score
     _check_dim("advantages", advantages, 1, "1-D (N,)")
     _check_dim("entropy", entropy, 2, "2-D (N, T)")
-    if entropy.shape[0] != advantages.shape[0]:
-        raise ValueError(f"entropy has {entropy.shape[0]} rows, must match advantages ({advantages.shape[0]})")
-    h = entropy.detach()  # scores only choose tokens: no gradient through H (D3S.md step 5)
+    _check_rows(entropy, advantages)
+    h = entropy.detach()  # scores only choose tokens: no gradient through H (step 5)
     if mode == "entropy":
         return h
     # A_i is constant within a sequence; pooling over the step (select_tokens) is what lets |A| matter
@@ -243,16 +304,15 @@ def token_scores(advantages, entropy, mode):
 
 
 def select_tokens(scores, mask, keep):
-    """Keep the top round(keep * valid) scores (at least 1) pooled over all valid positions. -> bool (N, T)."""
+    """Step 6: the top round(keep * valid) scores (at least 1), pooled over every valid position of
+    the step, never a masked one. scores (N, T), mask (N, T) bool -> the kept tokens, bool (N, T)."""
     _check_dim("scores", scores, 2, "2-D (N, T)")
     _check_bool("mask", mask)
-    _check_shape("mask", mask, scores.shape, "scores")
     _check_ratio("keep", keep)
+    _check_shape("mask", mask, scores.shape, "scores")
+    _check_some_valid(mask)
+    _check_finite_at(scores, mask)
     valid = int(mask.sum())
-    if valid == 0:
-        raise ValueError("mask has no valid position; there is no token to keep")
-    if not torch.isfinite(scores[mask]).all():
-        raise ValueError("scores must be finite at valid positions, got NaN or inf")
     flat = scores.detach().flatten().masked_fill(~mask.flatten(), -math.inf)  # (N*T,)
     top = flat.topk(num_keep(keep, valid)).indices  # exact count; equal scores split arbitrarily
     kept = torch.zeros_like(mask).flatten()
@@ -264,10 +324,10 @@ def select_tokens(scores, mask, keep):
 
 
 def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):
-    """(rho_s, rho_t) for this step: init at step 0, final at the last step (linear)."""
+    """(rho_s, rho_t) for this step: rho(p) = (1 - p) * init + p * final with p = step / (total_steps - 1)
+    (linear), or the init values throughout (constant)."""
     _check_int("total_steps", total_steps, 1)
-    if isinstance(step, bool) or not isinstance(step, int) or not (0 <= step < total_steps):
-        raise ValueError(f"step must be an integer in [0, {total_steps - 1}], got {step}")
+    _check_step(step, total_steps)
     _check_choice("schedule", schedule, SCHEDULES)
     for name, value in (("s_init", s_init), ("s_final", s_final), ("t_init", t_init), ("t_final", t_final)):
         _check_ratio(name, value)
@@ -283,40 +343,26 @@ def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):
 def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
                 eps_low=0.2, eps_high=0.2, ref_logp=None, beta=0.0, seq_mask=None):
     """
-    Clipped policy-gradient loss on the kept tokens. logp (N, T) with grad; old_logp, ref_logp (N, T);
-    advantages (N,); token_mask (N, T) bool, the kept tokens; seq_mask (N, T) bool, every valid
-    completion token (defaults to token_mask), used only by GSPO's sequence ratio; num_tokens: the
-    kept tokens of the whole step, so several micro-batches add up to the gradient of one batch.
-    For GSPO pass GSPO's own small eps (the GSPO paper uses eps_low=3e-4, eps_high=4e-4).
-    Returns (loss scalar, stats dict of floats: clip_frac, ratio_mean, ratio_min, ratio_max, and kl when
-    beta > 0, over this call's kept tokens; no kept token gives loss 0, clip_frac 0, ratios 1, kl 0).
+    Step 7, the clipped policy-gradient loss on the kept tokens of one update:
+
+        w_t = exp(logp_t - logp_old_t)                                   GRPO: a ratio per token
+        w_t = sg[s_i] * pi(y_t) / sg[pi(y_t)],  s_i = exp(mean over the rollout's valid tokens of
+                                                (logp - logp_old))       GSPO, in the GSPO-token form
+        l_t = -min(w_t * A_i, clip(w_t, 1 - eps_low, 1 + eps_high) * A_i)
+              + beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)      (the k3 KL, when beta > 0)
+        loss = sum of l_t over the kept tokens / num_tokens
+
+    logp (N, T) with grad; old_logp, ref_logp (N, T); advantages (N,); token_mask (N, T) bool, the kept
+    tokens; seq_mask (N, T) bool, every valid completion token (default token_mask), used only by
+    GSPO's s_i; num_tokens: the kept tokens of the whole update, so that several micro-batches add up
+    to the gradient of one batch. For GSPO pass GSPO's own small eps (its paper: 3e-4 and 4e-4).
+    Returns (loss scalar, stats dict of floats over this call's kept tokens: clip_frac, ratio_mean,
+    ratio_min, ratio_max, and kl when beta > 0; no kept token gives loss 0, clip_frac 0, ratios 1, kl 0).
     """
-    _check_choice("loss", loss, LOSSES)
-    _check_dim("logp", logp, 2, "2-D (N, T)")
-    _check_shape("old_logp", old_logp, logp.shape, "logp")
-    _check_bool("token_mask", token_mask)
-    _check_shape("token_mask", token_mask, logp.shape, "logp")
-    _check_shape("advantages", advantages, logp.shape[:1], "the rows of logp")
     seq_mask = token_mask if seq_mask is None else seq_mask
-    _check_bool("seq_mask", seq_mask)
-    _check_shape("seq_mask", seq_mask, logp.shape, "logp")
-    if (token_mask & ~seq_mask).any():
-        raise ValueError("token_mask keeps a position that seq_mask marks invalid; kept tokens must be valid")
-    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not (0 <= value < 1):
-            raise ValueError(f"{name} must be in [0, 1), got {value}")
-    if not (beta >= 0):
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} > 0 needs ref_logp (N, T); pass it or set beta=0")
-    if ref_logp is not None:
-        _check_shape("ref_logp", ref_logp, logp.shape, "logp")
+    num_tokens = _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_tokens, loss, eps_low, eps_high,
+                                  ref_logp, beta)
     kept = int(token_mask.sum())
-    if isinstance(num_tokens, torch.Tensor) and num_tokens.numel() == 1 and not num_tokens.is_floating_point():
-        num_tokens = int(num_tokens)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < max(1, kept):
-        raise ValueError(f"num_tokens must be the step's total of kept tokens, an integer >= {max(1, kept)} "
-                         f"(the tokens kept in this call), got {num_tokens}")
 
     # masked_fill, not multiplication: padding may hold any value and must not reach the gradient
     delta = (logp - old_logp.detach()).masked_fill(~seq_mask, 0.0)  # (N, T) log-ratio per token

@@ -2,17 +2,17 @@
 Data: math problems as {"prompt", "answer"} rows, and the one prompt format the whole project uses.
 
     load_problems("gsm8k", "train")                  # openai/gsm8k from the hub, or a local copy
-    load_problems("math500", "test", data_dir="../shared/data")
+    load_problems("math500", "test", data_dir="data")      # data/math500/test.jsonl, offline
     load_problems("my_problems.jsonl", limit=100)    # any .jsonl with a question and an answer field
     format_prompt(tokenizer, row["prompt"])          # the text the policy continues
 
 Every row is {"prompt": the raw question (not templated), "answer": the reference answer, already
-extracted, "id": the row's index in its source}. D3S step 2 (../shared/D3S.md) grades each rollout
+extracted, "id": the row's index in its source}. D3S step 2 (docs/algorithm.md) grades each rollout
 against "answer" with reward.grade; step 1 samples G rollouts of format_prompt(tokenizer, prompt).
 
 Where a named data set comes from, in this order:
   1. a local copy: {data_dir}/{folder}/{split}.jsonl, with data_dir the argument (train.py's
-     --data_dir) or else the environment variable NANOD3S_DATA_DIR; the layout of ../shared/data.
+     --data_dir) or else the environment variable NANOD3S_DATA_DIR (gsm8k/train.jsonl, math500/test.jsonl, ...).
   2. the hub, through datasets.load_dataset (the table _SOURCES below).
 If both fail, a one-line ValueError says what was tried and how to supply a local file.
 
@@ -96,7 +96,7 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
 
     split: for a name, one of SPLITS[name]; a .jsonl path is one split by itself and ignores it.
     limit: keep the first `limit` rows (deterministic: the source's own order, no shuffling).
-    data_dir: folder with local copies laid out as NAME_FOLDER/SPLIT.jsonl (like ../shared/data);
+    data_dir: folder with local copies laid out as NAME_FOLDER/SPLIT.jsonl (gsm8k/train.jsonl, ...);
     None means the environment variable NANOD3S_DATA_DIR, and if that is unset too, the hub.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):

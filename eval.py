@@ -4,7 +4,7 @@ Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pas
     python eval.py --model tiny --benchmarks tiny                                   # offline, seconds
     python eval.py --model out/d3s-Qwen2.5-0.5B/checkpoint --benchmarks all         # greedy pass@1
     python eval.py --model Qwen2.5-Math-1.5B --benchmarks aime24,amc23 --n 8 --temperature 0.6
-    python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir ../shared/data
+    python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir data
 
 The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
 OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model argument goes through
@@ -176,7 +176,7 @@ def parse_args(argv=None):
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--max_new_tokens", type=int, default=1024, help="generation stops earlier at EOS")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
-    p.add_argument("--data_dir", default=None, help="folder of local copies laid out like ../shared/data")
+    p.add_argument("--data_dir", default=None, help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
     p.add_argument("--batch_size", type=int, default=64, help="completions per generate call (halved on OOM)")
     p.add_argument("--out", default=None, help="JSONL of every generation (default out/eval/<model>.jsonl); "
                                                "the table goes to the same stem + .json")
@@ -239,7 +239,7 @@ def run(args):
         raise ValueError(f"--limit={args.limit} must be >= 1 (or left out for every problem)")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ValueError(f"--data_dir={args.data_dir!r} is not a folder; pass a folder laid out like "
-                         f"../shared/data (gsm8k/test.jsonl, math500/test.jsonl, ...)")
+                         f"NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
 
     # Data before the model: a missing file should fail in a second, not after loading 15 GB.
     benchmarks = {b: data.load_problems(b, "test", limit=args.limit, data_dir=args.data_dir)

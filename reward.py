@@ -1,7 +1,7 @@
 """
 Rewards: pull the final answer out of a completion and grade it against the reference.
 
-D3S step 2 (../shared/D3S.md): r_i in {0, 1}, 1 when the final answer in the completion equals the
+D3S step 2 (docs/algorithm.md): r_i in {0, 1}, 1 when the final answer in the completion equals the
 reference answer; parse failures score 0 and are counted. Three public functions, in the order the
 training loop meets them:
 
@@ -397,7 +397,7 @@ def score(completions, references, truncated=None):
 
     truncated: one bool per completion (train.py passes rollouts.truncated.tolist()), or None when
     none was cut off. Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer
-    (no extractable answer: D3S.md's parse failures, truncated completions without an explicit
+    (no extractable answer: the algorithm's parse failures, truncated completions without an explicit
     answer included), timeout (math-verify ran out of time), error (math-verify failed), accuracy
     (correct / n).
     """

@@ -1,7 +1,7 @@
 """
 Rollouts for GRPO/D3S: sample groups of completions, mark which tokens are real, and score tokens.
 
-Steps 1 and 5 of ../shared/D3S.md:
+Steps 1 and 5 of the algorithm (docs/algorithm.md):
 
   generate_groups  step 1. G completions per prompt with HF `generate` (temperature T, stop on any
                    EOS id), laid out group by group: rows 0..G-1 are prompt 0, rows G..2G-1 prompt 1...
@@ -307,7 +307,7 @@ def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     entropy = None
     if with_entropy:
-        with torch.no_grad():  # D3S.md step 5: no gradient through H
+        with torch.no_grad():  # step 5: no gradient through H
             entropy = -(logp_all.exp() * logp_all).sum(dim=-1)  # (n,)
     return logp, entropy
 

@@ -1,26 +1,28 @@
 """
 Train a language model on math with GRPO and D3S (Dynamic Dual-Level Down-Sampling, arXiv 2509.22115).
 
-    python train.py                                  # the offline tiny world, CPU, a few minutes
+    python train.py                                  # the offline tiny world, CPU, about a minute
     python train.py --method grpo                    # the baseline, same world
-    python train.py --model Qwen2.5-0.5B             # GSM8K on one GPU
-    python train.py --model Qwen2.5-0.5B --loss gspo --steps 100
+    python train.py --model Qwen2.5-0.5B             # GSM8K on one GPU (the REAL_MODEL preset below)
+    python train.py --model Qwen2.5-0.5B --loss gspo --updates_per_batch 4
     python train.py --resume out/d3s-tiny            # continue an interrupted run
+    python train.py --help                           # every knob, its default and what it does
 
-One step, as ../shared/D3S.md describes it:
-    rollout (G samples per prompt) -> reward (0/1) -> group advantages -> sample selection (the
-    rollouts whose advantages have maximal variance) -> forward of the kept rollouts only -> token
-    selection (top |A| * entropy, pooled over the step) -> loss over the kept tokens, divided by the
-    step's kept-token count -> one optimizer step.
-Every knob is in the config block below; override any of them with --name value or --name=value.
+One step (docs/algorithm.md has every equation and every [ours] choice):
+    1 rollout: G samples per prompt -> 2 reward (0/1) -> 3 group advantages -> 4 sample selection (the
+    rollouts whose advantages have maximal variance) -> 5 forward of the kept rollouts only -> 6 token
+    selection (top |A| * entropy, pooled over the step) -> 7 K optimizer steps on the kept tokens.
+Every knob is in the config block below, with its value; override any with --name value or --name=value.
 """
 import argparse
 import copy
 import dataclasses
+import inspect
 import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -37,78 +39,76 @@ import tiny
 from data import format_prompt, load_problems
 from eval import evaluate
 from model import autocast, load_model, weight_dtype
+from plots import plot_run
 from reward import score
 from rollout import CACHES, completion_hidden, generate_groups, head_logprobs
 
 # -----------------------------------------------------------------------------
-# config: every knob, with its default. None means "pick the default for the world": the first
-# value of WORLD_DEFAULTS below for the tiny world, the second for a real model.
+# config: every knob with the value a tiny-world run uses; REAL_MODEL below changes a few for real models
 
 
 @dataclass
 class Config:
     # model and data
-    model: str = "tiny"                     # "tiny" (offline), "Qwen2.5-0.5B", a hub id or a local folder
-    dataset: Optional[str] = None           # training prompts: tiny | gsm8k | math | ... | a .jsonl path
-    eval_dataset: Optional[str] = None      # held-out prompts (test split); None: the dataset's own
-    data_dir: Optional[str] = None          # local copies laid out as NAME/SPLIT.jsonl (e.g. ../shared/data)
-    # the method (D3S.md, "Named methods") and its loss
-    method: str = "d3s"                     # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
-    loss: str = "grpo"                      # grpo (token ratio) | gspo (sequence ratio, GSPO-token form)
-    scale: str = "group"                    # advantage scale: group (GRPO) | none (Dr. GRPO)
+    model: str = "tiny"                 # tiny | tiny-long | tiny-weak (offline, tiny.py) | Qwen2.5-0.5B | a hub id | a folder
+    dataset: str = "tiny"               # training prompts: gsm8k | math | ... | a .jsonl path (a tiny world: its own)
+    eval_dataset: str = ""              # held-out prompts, their test split ("": the dataset's own)
+    data_dir: str = ""                  # local copies laid out as NAME/SPLIT.jsonl, e.g. gsm8k/train.jsonl ("": the hub)
+    # the method (docs/algorithm.md, "Named methods") and its loss
+    method: str = "d3s"                 # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
+    loss: str = "grpo"                  # grpo (a ratio per token) | gspo (per sequence, GSPO-token form)
+    scale: str = "group"                # advantage scale: group (GRPO) | none (Dr. GRPO)
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
-    s_init: float = 0.25                    # rho_s at the first step: share of rollouts kept [ours]
-    s_final: float = 0.75                   # rho_s at the last step [ours]
-    t_init: float = 0.2                     # rho_t at the first step: share of kept rollouts' tokens kept [ours]
-    t_final: float = 0.6                    # rho_t at the last step [ours]
+    s_init: float = 0.25                # rho_s at the first step: share of rollouts kept [ours]
+    s_final: float = 0.75               # rho_s at the last step [ours]
+    t_init: float = 0.2                 # rho_t at the first step: share of the kept rollouts' tokens kept [ours]
+    t_final: float = 0.6                # rho_t at the last step [ours]
     # the batch
-    steps: Optional[int] = None             # optimizer steps (one per rollout batch)
-    prompts_per_step: Optional[int] = None  # P prompts per step
-    group_size: Optional[int] = None        # G rollouts per prompt (B = P * G)
-    max_new_tokens: Optional[int] = None    # completion budget; longer ones are truncated (reward 0 if no answer)
-    temperature: float = 1.0                # sampling temperature; log-probs and entropy use softmax(logits / T)
-    top_p: float = 1.0                      # must be 1 for training: log-probs use the full softmax (eval.py may differ)
+    steps: int = 100                    # rollout batches; the schedule counts these
+    prompts_per_step: int = 16          # P prompts per step
+    group_size: int = 8                 # G rollouts per prompt (B = P * G)
+    max_new_tokens: int = 32            # completion budget; a truncated rollout scores only an explicit answer
+    temperature: float = 1.0            # sampling temperature; log-probs and entropy use softmax(logits / T)
+    top_p: float = 1.0                  # must be 1 for training: the loss scores the full softmax (eval.py may differ)
     # the update
-    optimizer: str = "adamw"                # adamw | sgd (with momentum): the study compares the two
-    lr: Optional[float] = None              # learning rate (constant)
-    momentum: float = 0.9                   # SGD momentum (--optimizer sgd only)
-    weight_decay: float = 0.0               # weight decay
-    updates_per_batch: int = 1              # K optimizer steps per rollout batch (K mini-batches)
-    grad_clip: float = 1.0                  # clip the gradient norm to this (0 = off)
-    clip_eps_low: Optional[float] = None    # ratio clip 1 - eps_low; None: 0.2 for grpo, 3e-4 for gspo (GSPO paper)
-    clip_eps_high: Optional[float] = None   # ratio clip 1 + eps_high; None: 0.2 for grpo, 4e-4 for gspo
-    beta: float = 0.0                       # k3 KL to the initial model (0: no reference model is kept)
-    micro_batch_size: Optional[int] = None  # kept rollouts per forward/backward (the gradient does not depend on it)
-    gen_batch_size: Optional[int] = None    # rollouts per generate call (None: all at once)
-    generation: str = "prefix"              # KV cache: prefix (a prompt's cache computed once for its G samples) | plain | static
-    logprob_chunk: int = 4096               # token positions per lm_head chunk: never the full (B, T, V) float32 logits
-    gradient_checkpointing: bool = False    # trade compute for activation memory on big models
-    dtype: str = "auto"                     # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
+    updates_per_batch: int = 1          # K optimizer steps per rollout batch, one per mini-batch (K > 1: the clip acts)
+    optimizer: str = "adamw"            # adamw | sgd (with momentum)
+    lr: float = 1e-4                    # learning rate, constant
+    momentum: float = 0.9               # SGD momentum (--optimizer sgd only)
+    weight_decay: float = 0.0           # weight decay
+    grad_clip: float = 1.0              # clip the gradient norm to this (0: off)
+    clip_eps_low: float = 0.2           # ratio clip 1 - eps_low (--loss gspo: GSPO's 3e-4 unless set)
+    clip_eps_high: float = 0.2          # ratio clip 1 + eps_high (--loss gspo: GSPO's 4e-4 unless set)
+    beta: float = 0.0                   # k3 KL to the initial model (0: no reference model is kept)
+    # speed and memory: none of these changes what is computed
+    micro_batch_size: int = 128         # kept rollouts per forward/backward
+    gen_batch_size: int = 0             # rollouts per generate call (0: all at once)
+    generation: str = "prefix"          # KV cache: prefix (a prompt's cache computed once for its G samples) | plain | static
+    logprob_chunk: int = 4096           # token positions per lm_head chunk: never the (B, T, V) float32 logits
+    gradient_checkpointing: bool = False  # trade compute for activation memory on big models
+    dtype: str = "auto"                 # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
     # evaluation, logging, checkpoints
-    eval_size: Optional[int] = None         # held-out prompts, greedy, the same fixed subset every time
-    eval_every: Optional[int] = None        # steps between evaluations (also at step 0 and at the end; 0: only those)
-    save_every: Optional[int] = None        # steps between checkpoints (also at the end and on a signal; 0: only those)
-    out_dir: Optional[str] = None           # run folder; None: out/<method>-<model>
-    seed: int = 0                           # prompts order, sampling, random selection
-    device: str = "auto"                    # auto | cpu | cuda | cuda:1 ...
-    resume: Optional[str] = None            # a run folder to continue from its last checkpoint
-    progress: bool = True                   # the progress bar over the steps
+    eval_size: int = 200                # held-out prompts, greedy, the same subset every time
+    eval_every: int = 25                # steps between evaluations (also at step 0 and at the end; 0: only those)
+    save_every: int = 25                # steps between checkpoints (also at the end and on a signal; 0: only those)
+    out_dir: str = ""                   # the run folder ("": out/<method>-<model>)
+    seed: int = 0                       # prompt order, sampling, random selection, mini-batch shuffle
+    device: str = "auto"                # auto | cpu | cuda | cuda:1 ...
+    resume: str = ""                    # a run folder to continue from its last checkpoint
+    progress: bool = True               # a progress bar over the steps
+    wandb: bool = False                 # also log every step to Weights & Biases (pip install wandb)
+    wandb_project: str = "nanod3s"      # the W&B project (--wandb true)
 
 
-# (tiny world, real model). [ours] The tiny values are tuned with bench.py (see README); the real
-# ones are a reasonable single-GPU start for Qwen2.5-0.5B on GSM8K, not tuned.
-WORLD_DEFAULTS = {
-    "dataset": ("tiny", "gsm8k"),
-    "steps": (100, 200),
-    "prompts_per_step": (16, 32),
-    "group_size": (8, 8),
-    "max_new_tokens": (32, 512),
-    "lr": (1e-4, 1e-6),
-    "micro_batch_size": (128, 16),
-    "eval_size": (200, 500),
-    "eval_every": (25, 25),
-    "save_every": (25, 25),
-}
+# A real model (--model not a tiny world): these replace the values above for every knob you did not
+# set yourself. [ours] A reasonable single-GPU start for Qwen2.5-0.5B on GSM8K, not tuned; K = 4 is
+# GSPO's and verl's usual split of a rollout batch.
+REAL_MODEL = dict(dataset="gsm8k", steps=200, prompts_per_step=32, max_new_tokens=512, lr=1e-6, micro_batch_size=16,
+                  eval_size=500, updates_per_batch=4)
+# --loss gspo: GSPO's own clip range (the GSPO paper), for the clip knobs you did not set.
+GSPO_CLIP = dict(clip_eps_low=3e-4, clip_eps_high=4e-4)
+# Knobs that may change when a run is resumed: none of them changes what the run computes.
+RESUME_SAFE = ("resume", "device", "progress", "eval_every", "save_every", "wandb", "wandb_project")
 
 
 def is_tiny(model):
@@ -116,29 +116,28 @@ def is_tiny(model):
     return tiny.world_of(model) is not None
 
 
-def resolve(cfg):
-    """Fill the None defaults, check every knob, and return the completed config."""
-    cfg = dataclasses.replace(cfg)
-    real = not is_tiny(cfg.model)
-    for name, pair in WORLD_DEFAULTS.items():
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, pair[real])
-    if cfg.dataset == "tiny" and not real:
-        cfg.dataset = tiny.world_of(cfg.model)  # a harder world trains on its own questions
+def resolve(cfg, given=None):
+    """The config a run uses: the presets applied to the knobs not `given` (the knobs the user set;
+    None: those that differ from Config's defaults), every knob checked, and the keep ratios as the
+    method applies them (1 where it keeps everything): config.json records what ran."""
+    given = given_knobs(cfg) if given is None else set(given)
+    world = tiny.world_of(cfg.model)
+    presets = dict(REAL_MODEL) if world is None else {"dataset": world}  # a tiny world trains on its own questions
+    if cfg.loss == "gspo":
+        presets.update(GSPO_CLIP)
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in presets.items() if k not in given})
     cfg.eval_dataset = cfg.eval_dataset or cfg.dataset
-    gspo = cfg.loss == "gspo"
-    cfg.clip_eps_low = cfg.clip_eps_low if cfg.clip_eps_low is not None else (3e-4 if gspo else 0.2)
-    cfg.clip_eps_high = cfg.clip_eps_high if cfg.clip_eps_high is not None else (4e-4 if gspo else 0.2)
-    if cfg.out_dir is None:
-        cfg.out_dir = os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
+    cfg.out_dir = cfg.out_dir or os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
     check(cfg)
-    # config.json records the ratios the method applies, and a ratio it would ignore is refused
-    for name, (value, why) in applied_ratios(cfg).items():
-        given = getattr(cfg, name)
-        if given != value and given != getattr(Config, name):
-            raise ValueError(f"--{name} {given} does not apply to --method {cfg.method}: {why}; leave it out")
+    for name, (value, why) in applied_ratios(cfg).items():  # a ratio the method would ignore is refused
+        if getattr(cfg, name) != value and name in given:
+            raise ValueError(f"--{name} {getattr(cfg, name)} does not apply to --method {cfg.method}: {why}; leave it out")
         setattr(cfg, name, value)
     return cfg
+
+
+def given_knobs(cfg):
+    return {f.name for f in dataclasses.fields(Config) if getattr(cfg, f.name) != f.default}
 
 
 def applied_ratios(cfg):
@@ -178,7 +177,7 @@ def check(cfg):
         must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("eval_every", "save_every"):
         must(getattr(cfg, name) >= 0, f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
-    must(cfg.gen_batch_size is None or cfg.gen_batch_size >= 1, f"--gen_batch_size must be at least 1, got {cfg.gen_batch_size}")
+    must(cfg.gen_batch_size >= 0, f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
     must(cfg.top_p == 1, f"--top_p {cfg.top_p}: training scores every sample with the full softmax(logits / T), so "
                          f"nucleus sampling would make the gradient not the sampler's; use 1 (eval.py --top_p may differ)")
@@ -193,7 +192,7 @@ def check(cfg):
 
 
 # -----------------------------------------------------------------------------
-# small helpers
+# the step's helpers, in the order the step calls them
 
 
 def batch_at(problems, step, size, seed):
@@ -234,7 +233,7 @@ def micro_batches(kept, rows, size):
 
 def minibatch_rows(n, k, generator):
     """The K mini-batches of a rollout batch: its n kept rollouts shuffled with the run's seed and
-    split into k parts of near-equal size (D3S.md, "Several updates per rollout batch"). K = 1 keeps
+    split into k parts of near-equal size (docs/algorithm.md, "Several updates per rollout batch"). K = 1 keeps
     them in order and draws no random number, so a K = 1 run is exactly the plain on-policy step."""
     if k == 1:
         return [torch.arange(n)]
@@ -271,6 +270,24 @@ def first_forward_entropy(model, kept, piece, cfg, precision):
     entropy = torch.zeros(kept.completion_mask.shape, device=ent.device)
     entropy[piece.rows, :piece.width] = ent
     return entropy
+
+
+def entropy_and_old_logp(model, kept, parts, cfg, precision, token_mode):
+    """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None, from the policy
+    that sampled, computed with as few extra passes as possible (docs/algorithm.md):
+      K > 1                      one no-grad forward gives both (docs/algorithm.md, several updates per batch)
+      K = 1, one micro-batch     no logp_old (the ratio is 1); the entropy from the gradient forward
+                                 itself, which runs now and is kept on the piece for step 7
+      K = 1, several             [ours] the entropy recorded while sampling (rollout.Sampler)
+    The entropy is needed only for token selection."""
+    select = token_mode != "none"
+    if cfg.updates_per_batch > 1:
+        return old_logprobs(model, kept, parts, cfg, precision, select)
+    if not select:
+        return None, None
+    if len(parts) == 1:
+        return None, first_forward_entropy(model, kept, parts[0], cfg, precision)
+    return None, kept.entropy
 
 
 def backward(model, kept, parts, adv, token_mask, old_logp, cfg, precision, ref_model=None):
@@ -346,6 +363,60 @@ def step_stats(updates, num_tokens):
             "skipped": sum(u["skipped"] for u in done)}
 
 
+class Stopwatch:
+    """Seconds spent inside `with stopwatch:` blocks, added up (the forward and backward time)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self.t0 = time.time()
+
+    def __exit__(self, *exc):
+        self.seconds += time.time() - self.t0
+
+
+def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, token_mask, reward_stats, updates, **extra):
+    """The step's statistics: one row of log.jsonl (and of the step line, and of wandb)."""
+    valid = kept.completion_mask
+    return {
+        "step": step, "reward": rewards.mean().item(), "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
+        "kept": len(kept.texts), "rollouts": len(rewards), "tokens": int(token_mask.sum()), "valid": int(valid.sum()),
+        "valid_all": int(rollouts.completion_mask.sum()), "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
+        "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
+        "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
+        **step_stats(updates, int(token_mask.sum())), **extra,
+    }
+
+
+def step_line(r, K):
+    """The one greppable line per step."""
+    return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | kept {r['kept']}/{r['rollouts']} | "
+            f"tokens {r['tokens']}/{r['valid']} | var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {r['entropy']:.2f} | "
+            f"len {r['length']:.0f} | trunc {r['truncated']:.2f} | grad {r['grad_norm']:.2f}"
+            + (f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}" if K > 1 else "")
+            + f" | gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")
+
+
+def held_out(model, tokenizer, eval_set, cfg, precision):
+    """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's)."""
+    with precision():
+        return evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+                        batch_size=cfg.gen_batch_size or 256)["accuracy"]
+
+
+def start_wandb(cfg):
+    """A Weights & Biases run (nanoGPT's wandb_log), or None. Imported only when asked for."""
+    if not cfg.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--wandb true needs the wandb package: pip install wandb (or leave --wandb out)") from None
+    return wandb.init(project=cfg.wandb_project, name=os.path.basename(os.path.normpath(cfg.out_dir)),
+                      config=dataclasses.asdict(cfg))
+
+
 class Signals:
     """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both end
     the run with a checkpoint. Between a batch's first optimizer step and its log line they wait
@@ -377,6 +448,10 @@ class Signals:
         self.hold = False
         if self.received is not None:
             raise KeyboardInterrupt
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
 
 
 def rng_state(generator):
@@ -448,50 +523,38 @@ def load_resume(run_dir):
     return saved, state
 
 
-# Knobs that may change when a run is resumed: none of them changes what the run computes.
-RESUME_SAFE = ("resume", "device", "progress", "eval_every", "save_every")
-
-
 # -----------------------------------------------------------------------------
 # the training loop
 
 
-def train(cfg, log=print, given=None):
-    """Run (or resume) one training run. Returns the list of held-out evaluations [(step, tokens, accuracy)].
+# setup and the training loop
 
-    given: the knobs the user set (the command line's flags); None: those that differ from Config's defaults.
-    """
-    given = set(given) if given is not None else {f.name for f in dataclasses.fields(Config)
-                                                  if getattr(cfg, f.name) != f.default}
-    state = None
-    if cfg.resume:  # the run continues with its own saved config, in the folder given (it may have moved)
-        saved, state = load_resume(cfg.resume)
-        refused = sorted(given - set(RESUME_SAFE))
-        if refused:
-            raise ValueError(f"--resume continues a run with its saved config; {', '.join('--' + n for n in refused)} "
-                             f"cannot change now (only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); start a "
-                             f"new run to change them")
-        saved.update({name: getattr(cfg, name) for name in given}, resume=cfg.resume, out_dir=cfg.resume)
-        cfg = Config(**saved)
-    cfg = resolve(cfg)
-    method = d3s.METHODS[cfg.method]
-    run_dir = cfg.out_dir
-    os.makedirs(run_dir, exist_ok=True)
 
-    # init: device, data, model, optimizer, then the seeds (building the tiny model draws random numbers)
+def resumed(cfg, given):
+    """(config, given, trainer state) of --resume RUN: the run continues with its saved config, in the
+    folder given (it may have been moved); only the RESUME_SAFE knobs may change."""
+    saved, state = load_resume(cfg.resume)
+    refused = sorted(given - set(RESUME_SAFE))
+    if refused:
+        raise ValueError(f"--resume continues a run with its saved config; {', '.join('--' + n for n in refused)} "
+                         f"cannot change now (only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); start a "
+                         f"new run to change them")
+    saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
+    return Config(**saved), {f.name for f in dataclasses.fields(Config)}, state  # the saved config is complete
+
+
+def setup(cfg, state, log):
+    """Data, model, optimizer, random states and the run folder of a fresh run, or of a resumed one
+    (state: its trainer.pt)."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    # [ours] "auto" keeps fp32 master weights and runs forward passes in bf16 autocast on a GPU (model.py):
-    # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6.
-    weights = weight_dtype(cfg.dtype, device)
-
-    def precision():
-        return autocast(device, cfg.dtype)
-    train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir)  # data first: a typo fails fast
-    eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir)[:cfg.eval_size]
-    model, tokenizer = load_model(cfg.model, device=device, dtype=weights)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # frozen initial policy
+    train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir or None)  # data first: a typo fails fast
+    eval_set = load_problems(cfg.eval_dataset, "test", data_dir=cfg.data_dir or None)[:cfg.eval_size]
+    # [ours] --dtype auto: fp32 master weights, forward passes in bf16 autocast on a GPU (model.py):
+    # pure bf16 weights (8-bit mantissa) round away most updates of size lr * 1 = 1e-6
+    model, tokenizer = load_model(cfg.model, device=device, dtype=weight_dtype(cfg.dtype))
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # the initial policy
     if state is not None:  # the policy continues from the checkpoint; the reference stays the initial model
-        model, tokenizer = load_model(os.path.join(run_dir, "checkpoint"), device=device, dtype=weights)
+        model, tokenizer = load_model(os.path.join(cfg.out_dir, "checkpoint"), device=device, dtype=weight_dtype(cfg.dtype))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -504,136 +567,124 @@ def train(cfg, log=print, given=None):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)  # after loading: a run that first builds out/tiny samples what later runs do
     generator = torch.Generator().manual_seed(cfg.seed)  # the `random` control and the mini-batch shuffle
-    start, history, tokens_trained = 0, [], 0
+    history, tokens_trained = [], 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        random.setstate(rng["python"])
-        generator.set_state(rng["select"])
-        start, history, tokens_trained = state["step"], state["history"], state["tokens_trained"]
-        log(f"resuming {run_dir} at step {start}")
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        random.setstate(state["rng"]["python"])
+        generator.set_state(state["rng"]["select"])
+        history, tokens_trained = state["history"], state["tokens_trained"]
+        log(f"resuming {cfg.out_dir} at step {state['step']}")
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
-    log_path = os.path.join(run_dir, "log.jsonl")
-    if state is None and os.path.exists(log_path):
-        os.remove(log_path)  # a fresh run in an old folder starts a fresh log
-    log(f"run {run_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
-        f"tokens, {method['schedule']} schedule) + {cfg.loss}, {cfg.updates_per_batch} update(s) per batch | "
-        f"{len(train_set)} train / {len(eval_set)} eval prompts")
+    if state is None and os.path.exists(os.path.join(cfg.out_dir, "log.jsonl")):
+        os.remove(os.path.join(cfg.out_dir, "log.jsonl"))  # a fresh run in an old folder starts a fresh log
+    start = state["step"] if state is not None else 0
+    method = d3s.METHODS[cfg.method]
+    log(f"run {cfg.out_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
+        f"tokens, {method['schedule']} schedule) + {cfg.loss}, K={cfg.updates_per_batch} | {len(train_set)} train / "
+        f"{len(eval_set)} eval prompts")
+    return device, train_set, eval_set, model, tokenizer, ref_model, optimizer, generator, start, history, tokens_trained
 
-    def held_out(step, tokens):
-        with precision():
-            res = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
-                           batch_size=cfg.gen_batch_size or 256)
-        history.append({"step": step, "tokens": tokens, "accuracy": res["accuracy"]})
-        log(f"eval step {step} | held-out accuracy {res['accuracy']:.3f} ({len(eval_set)} {cfg.eval_dataset} "
+
+def train(cfg, log=print, given=None):
+    """Run (or resume) one training run. Returns the held-out evaluations [{step, tokens, accuracy}].
+
+    given: the knobs the user set (the command line's flags); None: those that differ from Config's defaults.
+    """
+    given, state = given_knobs(cfg) if given is None else set(given), None
+    if cfg.resume:
+        cfg, given, state = resumed(cfg, given)
+    cfg = resolve(cfg, given)
+    (device, train_set, eval_set, model, tokenizer, ref_model, optimizer, generator, start, history,
+     tokens_trained) = setup(cfg, state, log)
+    method, K, G, run_dir = d3s.METHODS[cfg.method], cfg.updates_per_batch, cfg.group_size, cfg.out_dir
+
+    def precision():
+        return autocast(device, cfg.dtype)
+
+    def evaluate_and_plot(step):
+        history.append({"step": step, "tokens": tokens_trained, "accuracy": held_out(model, tokenizer, eval_set, cfg,
+                                                                                     precision)})
+        log(f"eval step {step} | held-out accuracy {history[-1]['accuracy']:.3f} ({len(eval_set)} {cfg.eval_dataset} "
             f"test prompts, greedy)")
-        return res["accuracy"]
+        plot_run(run_dir, history)  # run_dir/curves.png
+        if wandb_run:
+            wandb_run.log({"accuracy": history[-1]["accuracy"]}, step=step)
 
+    wandb_run = start_wandb(cfg)
     if not history:
-        held_out(0, 0)
-    K, G = cfg.updates_per_batch, cfg.group_size
+        evaluate_and_plot(0)
     completed, step, rng = start, start, rng_state(generator)  # completed: steps fully applied to the model
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, dynamic_ncols=True)
     with Signals() as signals:
         try:
             for step in bar:
-                rng = rng_state(generator)  # a Ctrl-C inside this step resumes from here, exactly
-                # the schedule: aggressive early, relaxed late (D3S.md, "Schedule")
+                rng = rng_state(generator)  # a signal inside this step replays it from here, exactly
                 rho_s, rho_t = d3s.keep_ratios(step, cfg.steps, method["schedule"], cfg.s_init, cfg.s_final,
-                                               cfg.t_init, cfg.t_final)
-                rho_t = method.get("t_keep", rho_t)  # the 80/20 baseline keeps a fixed 20% of tokens
+                                               cfg.t_init, cfg.t_final)  # the schedule: aggressive early, relaxed late
+                t0, fb = time.time(), Stopwatch()
 
-                # 1. rollout: G samples per prompt, group by group (and the sampler's entropy, for the log)
-                t0 = time.time()
+                # 1. rollout: G samples per prompt, group by group (and the sampler's entropy)
                 batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
-                prompts = [format_prompt(tokenizer, row["prompt"]) for row in batch]
                 with precision():
-                    rollouts = generate_groups(model, tokenizer, prompts, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                                               top_p=cfg.top_p, batch_size=cfg.gen_batch_size, record_entropy=True,
-                                               cache=cfg.generation)
+                    rollouts = generate_groups(model, tokenizer, [format_prompt(tokenizer, r["prompt"]) for r in batch], G,
+                                               cfg.max_new_tokens, temperature=cfg.temperature, cache=cfg.generation,
+                                               batch_size=cfg.gen_batch_size or None, record_entropy=True)
                 t_gen, t0 = time.time() - t0, time.time()
 
                 # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
-                references = [row["answer"] for row in batch for _ in range(G)]
-                rewards, reward_stats = score(rollouts.texts, references, truncated=rollouts.truncated.tolist())
-                rewards = torch.tensor(rewards, dtype=torch.float32)  # (B,)
+                rewards, reward_stats = score(rollouts.texts, [r["answer"] for r in batch for _ in range(G)],
+                                              truncated=rollouts.truncated.tolist())
+                rewards = torch.tensor(rewards)  # (B,)
 
                 # 3. advantages on the full group (GRPO)
                 adv = d3s.group_advantages(rewards, G, scale=cfg.scale)  # (B,)
 
-                # 4. sample-level down-sampling: max-variance subset, not re-normalised (pods re-normalises)
+                # 4. sample-level down-sampling: the max-variance subset, not re-normalised (pods re-normalises)
                 idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator=generator,
                                                    scale=cfg.scale)
-                kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
-                valid, N = kept.completion_mask, len(idx)  # (N, T)
+                kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)  # the others never reach the model
+                N, valid = len(idx), kept.completion_mask  # (N, T)
 
-                # 5. the kept rollouts' token entropy for selection, and logp_old when K > 1 (the only
-                #    forward without gradient); the dropped rollouts never reach the model again
-                t_fb = time.time()  # forward and backward passes, steps 5 and 7
+                # 5. the entropy for token selection, and logp_old when K > 1: the only forward without gradient
                 parts = micro_batches(kept, torch.arange(N, device=device), cfg.micro_batch_size)
-                select_tokens, old_logp, entropy = method["token"] != "none", None, None
-                if K > 1:
-                    old_logp, entropy = old_logprobs(model, kept, parts, cfg, precision, select_tokens)
-                elif select_tokens and len(parts) == 1:
-                    entropy = first_forward_entropy(model, kept, parts[0], cfg, precision)
-                elif select_tokens:  # [ours] recorded while sampling (rollout.py): no extra pass
-                    entropy = kept.entropy
+                with fb:
+                    old_logp, entropy = entropy_and_old_logp(model, kept, parts, cfg, precision, method["token"])
 
-                t_fb = time.time() - t_fb
+                # 6. token-level down-sampling: the top rho_t of |A| * H, pooled over every kept token of the step
+                token_mask = valid if method["token"] == "none" else d3s.select_tokens(
+                    d3s.token_scores(adv_kept, entropy, method["token"]), valid, rho_t)  # (N, T) bool
 
-                # 6. token-level down-sampling: top rho_t of |A| * H, pooled over all kept tokens of the step
-                if select_tokens:
-                    token_mask = d3s.select_tokens(d3s.token_scores(adv_kept, entropy, method["token"]), valid, rho_t)
-                else:
-                    token_mask = valid
-                num_tokens = int(token_mask.sum())
-
-                # 7. K optimizer steps, one per mini-batch, each divided by its own kept tokens
+                # 7. K optimizer steps: the kept rollouts shuffled into K mini-batches, each divided by its kept tokens
                 minibatches = [parts] if K == 1 else [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
                                                       for rows in minibatch_rows(N, K, generator)]
                 updates = []
                 for mb in minibatches:
-                    t_fb -= time.time()
-                    u = backward(model, kept, mb, adv_kept, token_mask, old_logp, cfg, precision, ref_model)
-                    t_fb += time.time()
+                    with fb:
+                        u = backward(model, kept, mb, adv_kept, token_mask, old_logp, cfg, precision, ref_model)
                     if u is not None:
                         signals.hold = True  # the weights move now: a signal waits for the batch to finish
                         updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip, u["loss"])})
-                completed, tokens_trained = step + 1, tokens_trained + num_tokens
-                t_upd = time.time() - t0
+                completed, tokens_trained = step + 1, tokens_trained + int(token_mask.sum())
 
-                # log: one line per step, the same fields (and more) in log.jsonl
-                stats = step_stats(updates, num_tokens)
-                row = {
-                    "step": step, "reward": rewards.mean().item(),
-                    "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
-                    "kept": N, "rollouts": len(rewards), "tokens": num_tokens, "valid": int(valid.sum()),
-                    "valid_all": int(rollouts.completion_mask.sum()), "var_adv": pop_var(adv), "var_kept": pop_var(adv_kept),
-                    "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
-                    "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
-                    **stats, "rho_s": rho_s, "rho_t": rho_t, "t_gen": t_gen, "t_upd": t_upd, "t_fb": t_fb,
-                    "tokens_trained": tokens_trained,
-                }
-                with open(log_path, "a") as f:
+                # log: one line per step; every field in log.jsonl (and wandb)
+                row = step_record(step, G, rollouts, rewards, adv, kept, adv_kept, token_mask, reward_stats, updates,
+                                  rho_s=rho_s, rho_t=rho_t, t_gen=t_gen, t_upd=time.time() - t0, t_fb=fb.seconds,
+                                  tokens_trained=tokens_trained)
+                with open(os.path.join(run_dir, "log.jsonl"), "a") as f:
                     f.write(json.dumps(row) + "\n")
-                line = (
-                    f"step {step:4d} | reward {row['reward']:.2f} | zero-var {row['zero_var']:.2f} | kept {N}/{len(rewards)} | "
-                    f"tokens {num_tokens}/{row['valid']} | var(A) {row['var_adv']:.2f}->{row['var_kept']:.2f} | "
-                    f"entropy {row['entropy']:.2f} | len {row['length']:.0f} | trunc {row['truncated']:.2f} | "
-                    f"grad {row['grad_norm']:.2f}"
-                    + (f" | clip {row['clip_frac']:.3f} ratio {row['ratio_min']:.3f}-{row['ratio_max']:.3f}" if K > 1 else "")
-                    + f" | gen {t_gen:.1f}s upd {t_upd:.1f}s"
-                )
-                tqdm.write(line) if cfg.progress else log(line)
+                tqdm.write(step_line(row, K)) if cfg.progress else log(step_line(row, K))
+                if wandb_run:
+                    wandb_run.log(row, step=step)
                 signals.release()
 
-                # evaluate and checkpoint
+                # evaluate, plot and checkpoint
                 if (cfg.eval_every and completed % cfg.eval_every == 0) or completed == cfg.steps:
-                    held_out(completed, tokens_trained)
+                    evaluate_and_plot(completed)
                 if (cfg.save_every and completed % cfg.save_every == 0) or completed == cfg.steps:
                     save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng_state(generator), history,
                                     tokens_trained)
@@ -642,17 +693,16 @@ def train(cfg, log=print, given=None):
             if signals.hold and completed == step:  # a second signal between two updates: the weights are mid-batch
                 log(f"\nquit without saving; continue from the last checkpoint: python train.py --resume {run_dir}")
                 raise
-            # an unfinished step is dropped and replayed on resume from the random state it started with
-            if completed == step + 1:
-                rng = rng_state(generator)
+            rng = rng_state(generator) if completed == step + 1 else rng  # an unfinished step is replayed
             save_checkpoint(run_dir, model, tokenizer, optimizer, completed, rng,
                             [h for h in history if h["step"] <= completed], tokens_trained)
             log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume {run_dir}")
             raise KeyboardInterrupt(signals.received or signal.SIGINT)
     bar.close()
-    first, last = history[0]["accuracy"], history[-1]["accuracy"]
-    log(f"done: held-out accuracy {first:.3f} -> {last:.3f} ({cfg.eval_dataset}, {len(eval_set)} prompts, greedy); "
-        f"run folder {run_dir}")
+    if wandb_run:
+        wandb_run.finish()
+    log(f"done: held-out accuracy {history[0]['accuracy']:.3f} -> {history[-1]['accuracy']:.3f} ({cfg.eval_dataset}, "
+        f"{len(eval_set)} prompts, greedy); run folder {run_dir}")
     return history
 
 
@@ -675,12 +725,21 @@ def parse_bool(text):
     return value
 
 
+def knob_comments():
+    """{knob: its comment in the config block above}, for --help."""
+    lines = inspect.getsource(Config).splitlines()
+    return {m.group(1): m.group(2) for m in map(re.compile(r"\s+(\w+): \w+ = .*?  # (.*)").fullmatch, lines) if m}
+
+
 def parse_args(argv):
-    """(Config, the names of the flags given): every field of Config is a flag, --name value or --name=value."""
-    parser = OneLineParser(description=__doc__.split("\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    """(Config, the names of the flags given)."""
+    parser = OneLineParser(description=__doc__.split("\n")[1], epilog="Defaults are the tiny world's; with a real model "
+                           "REAL_MODEL changes the knobs marked 'real model', unless you set them.")
+    comments = knob_comments()
     for f in dataclasses.fields(Config):
-        kind = f.type if f.type in (int, float, str, bool) else {Optional[int]: int, Optional[float]: float}.get(f.type, str)
-        parser.add_argument(f"--{f.name}", type=parse_bool if kind is bool else kind, default=argparse.SUPPRESS)
+        default = f"default {f.default!r}" + (f"; real model {REAL_MODEL[f.name]!r}" if f.name in REAL_MODEL else "")
+        parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type, default=argparse.SUPPRESS,
+                            metavar=f.type.__name__.upper(), help=f"{comments.get(f.name, '')} ({default})".replace("%", "%%"))
     given = vars(parser.parse_args(argv))
     return Config(**given), set(given)
 

@@ -20,7 +20,7 @@ Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance
 sequence, ...), plus the D3S knobs under train.py's names: --method (a name of d3s.METHODS),
 --s_init --s_final --t_init --t_final. The math is d3s.py's; this file only wires it into TRL's step.
 
-TRL's step, and what D3STrainer changes in it (../shared/D3S.md numbers the steps):
+TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the steps):
     TRL generates a generation batch of B = per_device_train_batch_size x processes x
     steps_per_generation rollouts, grades them with the reward function (here reward.grade) and
     computes group advantages (steps 1-3). Each process holds its own contiguous rows of the batch.
@@ -31,7 +31,7 @@ TRL's step, and what D3STrainer changes in it (../shared/D3S.md numbers the step
   5. A no-grad forward of each process's kept rollouts gives the entropy H of every completion token
      (softmax(logits / T), TRL's own fused LM head).
   6. The scores |A| * H (d3s.token_scores) of every process are gathered and d3s.select_tokens keeps
-     the top rho_t of them, pooled over all kept tokens of the step, as D3S.md says.
+     the top rho_t of them, pooled over all kept tokens of the step, as docs/algorithm.md says.
   7. TRL's own loss runs on each micro-batch. The kept tokens become its loss mask (tool_mask: the
      loss uses completion_mask * tool_mask, the attention completion_mask alone), and the step's
      kept-token count becomes the divisor of loss_type="dapo": the sum over kept tokens / kept tokens
@@ -63,7 +63,7 @@ What is not the same as train.py:
     steps_per_generation = gradient_accumulation_steps, TRL's default) every ratio is 1 and the
     gradient is exactly train.py's GSPO-token gradient; the two part ways only off-policy. TRL's
     warning that 'dapo' with sequence-level ratios weights sequences by length is expected: that is
-    the token mean of D3S.md.
+    the token mean of docs/algorithm.md.
   - GSPO's clip range is TRL's --epsilon / --epsilon_high, 0.2 unless given; train.py's --loss gspo
     defaults to GSPO's 3e-4 / 4e-4. Pass them. (On-policy the clip never acts.)
   - Only loss_type="dapo" (TRL's default) is accepted: its divisor is the step's token count, which
@@ -108,7 +108,7 @@ ROW_KEYS = ("advantages", "rollout_index")
 @dataclass
 class D3SConfig(GRPOConfig):
     method: str = field(default="d3s", metadata={"help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | "
-                                                         "entropy (d3s.METHODS, D3S.md's named methods)"})
+                                                         "entropy (d3s.METHODS, the named methods of docs/algorithm.md)"})
     s_init: float = field(default=0.25, metadata={"help": "rho_s at the first step: share of rollouts kept [ours]"})
     s_final: float = field(default=0.75, metadata={"help": "rho_s at the last step [ours]"})
     t_init: float = field(default=0.2, metadata={"help": "rho_t at the first step: share of kept rollouts' "
@@ -232,7 +232,7 @@ class D3STrainer(GRPOTrainer):
 
     def _down_sample(self, local, rewards):
         """
-        D3S.md steps 4-6 on TRL's scored generation batch. local: this process's rows as
+        Steps 4-6 (docs/algorithm.md) on TRL's scored generation batch. local: this process's rows as
         _generate_and_score_completions returns them; rewards (B,): every process's rollouts in TRL's
         order. Returns this process's steps_per_generation micro-batches (dicts for TRL's loss) whose
         tool_mask (b, C) marks the kept tokens, plus rollout_index (b,): each row's place in the
@@ -320,7 +320,7 @@ class D3STrainer(GRPOTrainer):
 
 def correctness_reward(stop_ids):
     """TRL reward function: 1.0 when the completion's final answer equals the row's answer (reward.grade,
-    D3S.md step 2), else 0.0. Tells grade whether the completion hit the token limit if grade asks."""
+    step 2), else 0.0. Tells grade whether the completion hit the token limit if grade asks."""
     takes_truncated = "truncated" in inspect.signature(grade).parameters
 
     def correct(completions, answer, completion_ids, **kwargs):

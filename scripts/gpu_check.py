@@ -7,7 +7,8 @@ its config with random weights, and the tokenizer is the real Qwen2.5 one from a
 random model never writes a stop token: every completion runs to max_new_tokens, which makes this
 the slowest case for generation (a trained model stops earlier).
 
-    python scripts/gpu_check.py --tokenizer ../shared/tokenizers/qwen2.5 --data_dir ../shared/data
+    python scripts/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
+    python scripts/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA     # offline: local copies
 """
 import argparse
 import json
@@ -22,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--tokenizer", default="../shared/tokenizers/qwen2.5")
-parser.add_argument("--data_dir", default="../shared/data")
+parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="a tokenizer folder or hub id (Qwen2.5's)")
+parser.add_argument("--data_dir", default="", help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
 parser.add_argument("--out", default="out/gpu_check")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--dry_run", action="store_true", help="a 2-layer, 64-wide model of the same vocabulary, to test this script on a CPU")
@@ -50,11 +51,11 @@ del model
 
 if torch.cuda.is_available():
     torch.cuda.reset_peak_memory_stats()
-cfg = train.parse_args(["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps),
+cfg, given = train.parse_args(["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps),
                         "--eval_every", str(args.steps), "--eval_size", "64", "--save_every", "1000",
                         "--out_dir", os.path.join(args.out, "run"), "--progress", "false"] + rest)
 t0 = time.time()
-train.train(cfg)
+train.train(cfg, given=given)
 wall = time.time() - t0
 with open(os.path.join(args.out, "run", "log.jsonl")) as f:
     rows = [json.loads(line) for line in f]

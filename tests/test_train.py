@@ -1,4 +1,5 @@
 """train.py on the tiny world: a few real steps, checkpoints, exact resume, the schedule, bad input."""
+import dataclasses
 import json
 import os
 import shutil
@@ -272,3 +273,56 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
     assert "checkpoint saved after step" in rest and f"python train.py --resume {out}" in rest
     step = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["step"]
     assert step >= 2 and len(rows(out)) == step
+
+
+# ----------------------------------------------------------------------------- the config block (issue 14)
+
+def test_help_shows_every_knob_its_default_and_its_comment():
+    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0
+    text = "".join(out.stdout.split())  # argparse wraps lines, also at hyphens: compare without whitespace
+    comments = train.knob_comments()
+    for f in dataclasses.fields(train.Config):
+        assert f"--{f.name}" in text and "".join(f"default {f.default!r}".split()) in text, f.name
+        assert "".join(comments[f.name].split()) in text, f.name  # every knob has its comment
+    assert "(default0.0001;realmodel1e-06)" in text
+
+
+def test_real_model_preset_applies_only_to_the_knobs_not_set():
+    real = train.resolve(train.Config(model="Qwen2.5-0.5B"), given={"model"})
+    assert {k: getattr(real, k) for k in train.REAL_MODEL} == train.REAL_MODEL
+    assert real.eval_dataset == "gsm8k" and real.out_dir == os.path.join("out", "d3s-Qwen2.5-0.5B")
+    # a knob set to the tiny world's value is still the user's: the command line says which were set
+    cfg, given = train.parse_args(["--model", "Qwen2.5-0.5B", "--lr", "1e-4", "--steps", "100"])
+    mine = train.resolve(cfg, given)
+    assert (mine.lr, mine.steps, mine.prompts_per_step) == (1e-4, 100, 32)
+    tiny_run = train.resolve(train.Config())
+    assert (tiny_run.lr, tiny_run.dataset, tiny_run.max_new_tokens) == (1e-4, "tiny", 32)
+    gspo = train.resolve(train.Config(loss="gspo"))
+    assert (gspo.clip_eps_low, gspo.clip_eps_high) == (3e-4, 4e-4)
+    assert train.resolve(train.Config(loss="gspo", clip_eps_low=0.1)).clip_eps_low == 0.1
+    assert train.resolve(train.resolve(train.Config(model="Qwen2.5-0.5B"))) == real  # resolving twice changes nothing
+
+
+def test_a_run_draws_its_curves(tmp_path, tiny_dir):
+    _, _, run_dir = run(tmp_path, "curves", tiny_dir, steps=2, eval_every=1, save_every=0)
+    png = run_dir / "curves.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_wandb_logs_the_step_fields_or_says_how_to_get_it(tmp_path, tiny_dir, capsys, monkeypatch):
+    """--wandb true: with wandb installed, an offline W&B run gets every log.jsonl field; without it,
+    a one-line error that says what to install (it is not a required dependency)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        err = exit_2(["--model", tiny_dir, "--out_dir", str(tmp_path / "w"), "--wandb", "true"], capsys)
+        assert "--wandb true needs the wandb package: pip install wandb" in err
+        return
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    _, _, run_dir = run(tmp_path, "w", tiny_dir, steps=2, eval_every=0, save_every=0, wandb=True)
+    records = next(tmp_path.rglob("*.wandb")).read_bytes()  # an offline run's history, protobuf with plain keys
+    for key in list(rows(run_dir)[-1]) + ["accuracy"]:
+        assert f'"{key}"'.encode() in records or key.encode() in records, key
