@@ -169,7 +169,9 @@ def run_one(cfg):
               "error": None}
     with open(os.path.join(cfg.out_dir, "train.log"), "w") as logf:  # train.py's text lines, for reading later
         try:
-            result["history"] = train.train(cfg, log=lambda line: print(line, file=logf, flush=True))
+            # cfg is resolved (configs()): every knob is as the run uses it, so none is a default to fill in again
+            result["history"] = train.train(cfg, log=lambda line: print(line, file=logf, flush=True),
+                                            given=[f.name for f in dataclasses.fields(cfg)])
             with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
             result["steps"] = [{k: row[k] for k in STEP_FIELDS} for row in rows]
@@ -509,19 +511,21 @@ def configs(args):
     if args.device is not None:
         knobs["device"] = args.device
     # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log
-    knobs.update(model=args.model, save_every=10 ** 9, progress=False)
+    knobs.update(model=args.model, save_every=0, progress=False)
     if knobs.get("eval_size") == "all":  # the whole test split of the world's held-out data set
-        first = train.resolve(train.Config(**{**knobs, "eval_size": None}))
-        knobs["eval_size"] = len(load_problems(first.eval_dataset, "test", data_dir=first.data_dir))
+        knobs.pop("eval_size")
+        first = train.resolve(train.Config(**knobs), given=knobs)
+        knobs["eval_size"] = len(load_problems(first.eval_dataset, "test", data_dir=first.data_dir or None))
     cfgs = []
     for m in methods:
         ratios = {k: getattr(args, k) for k in schedule_knobs(m) if getattr(args, k) is not None}
         for lr, k in grid[m]:
             run = m + ("" if args.lr_grid is None else f"-lr{lr:g}") + ("" if args.updates_grid is None else f"-K{k}")
             for s in range(args.seed_start, args.seed_start + args.seeds):
-                cfg = train.Config(method=m, seed=s, lr=lr, out_dir=os.path.join(args.out, "runs", f"{run}-seed{s}"),
-                                   **({} if k is None else {"updates_per_batch": k}), **knobs, **ratios)
-                cfgs.append(train.resolve(cfg))  # raises train.check's one-line ValueError on a bad knob
+                mine = {"method": m, "seed": s, "out_dir": os.path.join(args.out, "runs", f"{run}-seed{s}"), **knobs,
+                        **ratios, **({} if lr is None else {"lr": lr}), **({} if k is None else {"updates_per_batch": k})}
+                # the knobs bench sets are given; the others take train.py's defaults and presets
+                cfgs.append(train.resolve(train.Config(**mine), given=mine))  # a bad knob: train.check's one line
     return methods, cfgs
 
 

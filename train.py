@@ -67,7 +67,7 @@ class Config:
     steps: int = 100                    # rollout batches; the schedule counts these
     prompts_per_step: int = 16          # P prompts per step
     group_size: int = 8                 # G rollouts per prompt (B = P * G)
-    max_new_tokens: int = 32            # completion budget; a truncated rollout scores only an explicit answer
+    max_new_tokens: int = 32            # completion budget (tiny-long: 64); a truncated rollout scores only an explicit answer
     temperature: float = 1.0            # sampling temperature; log-probs and entropy use softmax(logits / T)
     top_p: float = 1.0                  # must be 1 for training: the loss scores the full softmax (eval.py may differ)
     # the update
@@ -122,7 +122,8 @@ def resolve(cfg, given=None):
     method applies them (1 where it keeps everything): config.json records what ran."""
     given = given_knobs(cfg) if given is None else set(given)
     world = tiny.world_of(cfg.model)
-    presets = dict(REAL_MODEL) if world is None else {"dataset": world}  # a tiny world trains on its own questions
+    # a tiny world trains on its own questions, with its own token budget (tiny.WORLDS)
+    presets = dict(REAL_MODEL) if world is None else {"dataset": world, "max_new_tokens": tiny.world(world)["max_new_tokens"]}
     if cfg.loss == "gspo":
         presets.update(GSPO_CLIP)
     cfg = dataclasses.replace(cfg, **{k: v for k, v in presets.items() if k not in given})

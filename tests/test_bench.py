@@ -310,9 +310,8 @@ def test_pass_through_and_the_whole_test_split(tmp_path):
     assert (c.loss, c.updates_per_batch, c.optimizer, c.momentum, c.max_new_tokens, c.micro_batch_size) == \
         ("gspo", 1, "sgd", 0.5, 40, 7)
     assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
-    assert c.save_every == 10 ** 9 and c.progress is False and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
-    assert bench.train_command(c).startswith("python train.py --dataset tiny --eval_dataset tiny --method grpo "
-                                             "--loss gspo ")
+    assert c.save_every == 0 and c.progress is False and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
+    assert bench.train_command(c).startswith("python train.py --eval_dataset tiny --method grpo --loss gspo ")
 
 # -----------------------------------------------------------------------------
 # a real 2-step run of grpo and d3s through train.train
