@@ -17,7 +17,8 @@ over steps 2.. (the first warms up allocators and caches).
 
 Each configuration runs in its own process, so that its peak memory is its own (RSS on a CPU,
 torch.cuda.max_memory_allocated on a GPU) and nothing is shared or cached between them:
-  train.py grpo, train.py d3s    train.train() at the real-model defaults (--generation prefix),
+  train.py grpo, train.py d3s    train.train() at the real-model defaults (--generation prefix), but one
+                                 optimizer step per rollout batch (--updates_per_batch 1, TRL's default),
                                  timed from log.jsonl: t_gen, t_fb (every forward and backward pass,
                                  the no-grad one included) and t_upd (everything after generation)
   train.py grpo (plain generate) the same with --generation plain: what the prefix cache saves
@@ -86,13 +87,14 @@ def peak_memory(device):
 
 def run_train(args, folder, method, generation):
     import train
-    cfg = train.Config(model=folder, dataset=args.dataset, data_dir=args.data_dir, method=method, steps=args.steps,
-                       prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-                       max_new_tokens=args.max_new_tokens, lr=1e-6, eval_size=1, eval_every=0, save_every=0,
-                       generation=generation, device=args.device, progress=False,
-                       out_dir=os.path.join(args.out, "runs", f"{method}-{generation}"))
-    train.train(cfg, log=lambda *a: None)
-    with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
+    knobs = dict(model=folder, dataset=args.dataset, data_dir=args.data_dir or "", method=method, steps=args.steps,
+                 prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                 lr=1e-6, updates_per_batch=1, eval_size=1, eval_every=0, save_every=0, generation=generation,
+                 device=args.device, progress=False, out_dir=os.path.join(args.out, "runs", f"{method}-{generation}"))
+    # the knobs set here are the run's (K = 1: one optimizer step per batch, TRL's default); the rest are
+    # train.py's defaults for the model (a real model: REAL_MODEL's micro-batch of 16)
+    train.train(train.Config(**knobs), log=lambda *a: None, given=knobs)
+    with open(os.path.join(knobs["out_dir"], "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     return {"gen": [r["t_gen"] for r in rows], "fb": [r["t_fb"] for r in rows],
             "upd": [r["t_upd"] for r in rows], "rho_s": [r["rho_s"] for r in rows]}
