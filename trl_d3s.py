@@ -57,7 +57,8 @@ What is not the same as train.py:
     d3s.py's, with 1e-6). With 0/1 rewards in groups of 8 the std is at least 0.35 when it is not 0,
     so A differs by under 0.03%.
   - The token scores come from an extra no-grad forward of the kept rollouts at every step with
-    token selection (train.py needs it only with several micro-batches).
+    token selection. train.py needs none: its entropy comes from the gradient forward (one
+    micro-batch), the sampler (several), or the no-grad pass that K > 1 needs for logp_old anyway.
   - GSPO's sequence ratio averages log(pi / pi_old) over the kept tokens (TRL averages over its loss
     mask), train.py's over all valid tokens of the rollout. On-policy (num_iterations 1 and
     steps_per_generation = gradient_accumulation_steps, TRL's default) every ratio is 1 and the
@@ -76,7 +77,6 @@ What is not the same as train.py:
     held-out accuracy during training (eval.py reads the saved folder); TRL's eval_strategy computes
     the plain GRPO loss on every rollout. Text-only models only.
 """
-import inspect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -320,17 +320,11 @@ class D3STrainer(GRPOTrainer):
 
 def correctness_reward(stop_ids):
     """TRL reward function: 1.0 when the completion's final answer equals the row's answer (reward.grade,
-    step 2), else 0.0. Tells grade whether the completion hit the token limit if grade asks."""
-    takes_truncated = "truncated" in inspect.signature(grade).parameters
-
+    step 2), else 0.0. A completion that does not end in a stop token hit the token limit: it counts
+    only with an explicit answer, as in train.py."""
     def correct(completions, answer, completion_ids, **kwargs):
-        rewards = []
-        for text, reference, ids in zip(completions, answer, completion_ids):
-            if takes_truncated:
-                rewards.append(grade(text, reference, truncated=not ids or ids[-1] not in stop_ids))
-            else:
-                rewards.append(grade(text, reference))
-        return rewards
+        return [grade(text, reference, truncated=not ids or ids[-1] not in stop_ids)
+                for text, reference, ids in zip(completions, answer, completion_ids)]
     return correct
 
 

@@ -19,12 +19,7 @@ from reward import score
 SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100, progress=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def rows(run_dir):
