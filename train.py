@@ -71,9 +71,9 @@ class Config:
     temperature: float = 1.0            # sampling temperature; log-probs and entropy use softmax(logits / T)
     top_p: float = 1.0                  # must be 1 for training: the loss scores the full softmax (eval.py may differ)
     # the update
-    updates_per_batch: int = 1          # K optimizer steps per rollout batch, one per mini-batch (K > 1: the clip acts)
+    updates_per_batch: int = 4          # K optimizer steps per rollout batch, one per mini-batch (K > 1: the clip acts)
     optimizer: str = "adamw"            # adamw | sgd (with momentum)
-    lr: float = 1e-4                    # learning rate, constant
+    lr: float = 5e-5                    # learning rate, constant (tiny: K and lr tuned in docs/study.md)
     momentum: float = 0.9               # SGD momentum (--optimizer sgd only)
     weight_decay: float = 0.0           # weight decay
     grad_clip: float = 1.0              # clip the gradient norm to this (0: off)

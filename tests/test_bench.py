@@ -103,8 +103,9 @@ def test_reach_interval_two_seeds_by_hand():
 # the table of a fake study, by hand
 
 
-STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10", "--out", "study"]
-ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, K, seed); lr is train.py's default 1e-4
+STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10", "--out", "study",
+         "--lr", "1e-4", "--updates_per_batch", "1"]
+ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, K, seed)
     ("grpo", 1e-4, 1, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1, 1): [0.2, 0.3, 0.6], ("grpo", 1e-4, 1, 2): [0.2, 0.5, 0.7],
     ("d3s", 1e-4, 1, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1, 1): [0.2, 0.8, 0.7], ("d3s", 1e-4, 1, 2): [0.2, 0.7, 0.9],
     ("d2s", 1e-4, 1, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 2): [0.2, 0.3, 0.4],
@@ -229,8 +230,8 @@ def test_lr_per_method_and_from_a_tuned_file(tmp_path):
         args = ["--methods", "grpo,d3s", "--seeds", "1", "--out", str(tmp_path), *flags]
         _, cfgs = bench.configs(bench.parse_args(args))
         return {c.method: (c.lr, c.updates_per_batch) for c in cfgs}
-    assert settings() == {"grpo": (1e-4, 1), "d3s": (1e-4, 1)}         # train.py's defaults for the tiny world
-    assert settings("--lr", "3e-4") == {"grpo": (3e-4, 1), "d3s": (3e-4, 1)}
+    assert settings() == {"grpo": (5e-5, 4), "d3s": (5e-5, 4)}         # train.py's defaults for the tiny world
+    assert settings("--lr", "3e-4") == {"grpo": (3e-4, 4), "d3s": (3e-4, 4)}
     assert settings("--lr", "grpo=5e-5,d3s=2e-4", "--updates_per_batch", "2") == {"grpo": (5e-5, 2), "d3s": (2e-4, 2)}
     (tmp_path / "tuned.json").write_text(json.dumps({"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0},
                                                      "updates_per_batch": {"grpo": 1, "d3s": 4, "pods": 1}}))
@@ -239,7 +240,7 @@ def test_lr_per_method_and_from_a_tuned_file(tmp_path):
 
 def test_tuning_mode_chooses_each_methods_lr_by_auc(no_training, capsys):
     tune = ["--methods", "grpo,d3s", "--lr_grid", "2e-4,1e-4", "--seeds", "2", "--seed_start", "100",
-            "--steps", "20", "--eval_every", "10", "--out", "tune"]
+            "--steps", "20", "--eval_every", "10", "--out", "tune", "--updates_per_batch", "1"]
     accs = {  # mean AUC: grpo 1e-4 (.2+.5)/4 + (.5+.5)/4 = .425 vs 2e-4 .4 ; d3s tie .4 = .4: the smaller lr
         ("grpo", 1e-4, 1, 100): [0.2, 0.5, 0.5], ("grpo", 1e-4, 1, 101): [0.2, 0.5, 0.5],
         ("grpo", 2e-4, 1, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 1, 101): [0.2, 0.4, 0.6],   # better final, lower AUC

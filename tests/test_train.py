@@ -16,7 +16,8 @@ import train
 from conftest import ROOT
 from model import load_model
 
-SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2, progress=False)
+SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2, progress=False,
+             updates_per_batch=1, lr=1e-4)  # the values these tests were written at (defaults: 4, 5e-5)
 
 
 def run(tmp_path, name, model, **kw):
@@ -286,7 +287,7 @@ def test_help_shows_every_knob_its_default_and_its_comment():
     for f in dataclasses.fields(train.Config):
         assert f"--{f.name}" in text and "".join(f"default {f.default!r}".split()) in text, f.name
         assert "".join(comments[f.name].split()) in text, f.name  # every knob has its comment
-    assert "(default0.0001;realmodel1e-06)" in text
+    assert "(default5e-05;realmodel1e-06)" in text
 
 
 def test_real_model_preset_applies_only_to_the_knobs_not_set():
@@ -298,7 +299,7 @@ def test_real_model_preset_applies_only_to_the_knobs_not_set():
     mine = train.resolve(cfg, given)
     assert (mine.lr, mine.steps, mine.prompts_per_step) == (1e-4, 100, 32)
     tiny_run = train.resolve(train.Config())
-    assert (tiny_run.lr, tiny_run.dataset, tiny_run.max_new_tokens) == (1e-4, "tiny", 32)
+    assert (tiny_run.lr, tiny_run.dataset, tiny_run.max_new_tokens, tiny_run.updates_per_batch) == (5e-5, "tiny", 32, 4)
     gspo = train.resolve(train.Config(loss="gspo"))
     assert (gspo.clip_eps_low, gspo.clip_eps_high) == (3e-4, 4e-4)
     assert train.resolve(train.Config(loss="gspo", clip_eps_low=0.1)).clip_eps_low == 0.1

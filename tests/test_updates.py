@@ -16,7 +16,8 @@ from data import format_prompt, load_problems
 from model import load_model
 from reward import score
 
-SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100, progress=False)
+SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100, progress=False,
+             updates_per_batch=1, lr=1e-4)  # K = 1 unless a test says otherwise (the default is 4)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -285,9 +286,9 @@ def test_k2_gspo_and_grpo_part_ways_and_the_log_shows_the_clip(tmp_path, tiny_di
         run_dir = tmp_path / loss
         # grpo keeps every rollout and token, so both mini-batches have tokens (with d3s's pooled 20%
         # of 4 rollouts, one of two mini-batches may keep none, and then it takes no step)
-        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), method="grpo", loss=loss, updates_per_batch=2,
-                                 lr=1e-3, **{**SMALL, "steps": 1, "save_every": 1, "prompts_per_step": 8,
-                                             "group_size": 8}), log=lambda *a: None)  # 4 x 4 had no signal
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), method="grpo", loss=loss,
+                                 **{**SMALL, "updates_per_batch": 2, "lr": 1e-3, "steps": 1, "save_every": 1,
+                                    "prompts_per_step": 8, "group_size": 8}), log=lambda *a: None)  # 4 x 4 had no signal
         logs[loss], after[loss] = rows(run_dir)[0], weights(run_dir / "checkpoint")
     for loss, r in logs.items():
         assert r["updates"] == 2 and len(r["losses"]) == 2
