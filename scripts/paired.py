@@ -1,0 +1,62 @@
+"""
+Paired per-seed differences between two bench.py studies, method by method: B minus A, for the runs
+with the same method and seed (same seed = same prompts), with bench.py's 95% t intervals. Used by
+docs/study.md to compare K = 4 with K = 1, and GSPO with GRPO's loss.
+
+    python scripts/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
+
+Also prints, from each run's log.jsonl, the mean share of kept tokens the clip zeroed (clip_frac)
+and the mean min/max ratio over the steps: what several updates per batch did to the ratio.
+"""
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import bench  # noqa: E402
+
+
+def runs(study):
+    """{(method, seed): run} of a study's finished runs; one setting per method (not a tuning run)."""
+    with open(os.path.join(study, "results.json")) as f:
+        ok = [r for r in json.load(f)["runs"] if r["error"] is None]
+    by = {(r["method"], r["seed"]): r for r in ok}
+    if len(by) < len(ok):
+        sys.exit(f"{study}: several settings of one method (a tuning run?); pass studies run with --tuned or --lr")
+    return by
+
+
+def clipping(run):
+    """Mean clip_frac, ratio_min and ratio_max over the run's steps (from its log.jsonl)."""
+    with open(os.path.join(run["out_dir"], "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [statistics.mean(r.get(k, 1.0 if k != "clip_frac" else 0.0) for r in rows)
+            for k in ("clip_frac", "ratio_min", "ratio_max")]
+
+
+def main(a, b):
+    ra, rb = runs(a), runs(b)
+    print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
+    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in | A clip, ratio min-max | B clip, ratio min-max |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for m in dict.fromkeys(k[0] for k in rb):
+        pairs = [(ra[k], rb[k]) for k in sorted(rb) if k[0] == m and k in ra]
+        if not pairs:
+            continue
+        d_final = [y["history"][-1]["accuracy"] - x["history"][-1]["accuracy"] for x, y in pairs]
+        d_auc = [bench.auc(y["history"]) - bench.auc(x["history"]) for x, y in pairs]
+        fmt = lambda d: "{:+.1f} ± {:.1f}".format(*bench.pct(bench.mean_ci(d)))  # noqa: E731
+        def clip(side):  # 0: A's runs, 1: B's
+            means = [statistics.mean(clipping(p[side])[i] for p in pairs) for i in range(3)]
+            return "{:.3f}, {:.2f}-{:.2f}".format(*means)
+
+        x, y = pairs[0]
+        print(f"| {m} | {len(pairs)} | {x['updates_per_batch']}, {x['lr']:g} | {y['updates_per_batch']}, {y['lr']:g} "
+              f"| {fmt(d_final)} | {fmt(d_auc)} | {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(0)} | {clip(1)} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python scripts/paired.py STUDY_A STUDY_B  (two bench.py --out folders)")
+    main(*sys.argv[1:])
