@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The study of docs/study.md: does D3S learn faster per step than GRPO? Every command, in order.
 #
-#   bash scripts/study.sh tune     # learning rates (and K) on tuning seeds 100-101: about 55 minutes
-#   bash scripts/study.sh run      # the study itself on seeds 0-7: about 75 minutes
+#   bash scripts/study.sh tune     # learning rates (and K) on tuning seeds 100-101: about 70 minutes
+#   bash scripts/study.sh run      # the study itself on seeds 0-7: about 100 minutes
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -16,9 +16,9 @@ SGD="--optimizer sgd --momentum 0.9 --grad_clip 0"          # no clip: D3S's lar
 case "${1:-}" in
 tune)
   # each method's learning rate from the same grid, chosen by AUC on seeds 100-101 (not the reported ones)
-  python bench.py --methods $SIX --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --steps 60 $C \
+  python bench.py --methods $SIX --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --steps 60 $C \
       --out out/study/tune-tiny-adamw
-  python bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --lr_grid 1e-3,3e-3,1e-2,3e-2 --seeds 2 \
+  python bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --lr_grid 3e-4,1e-3,3e-3,1e-2,3e-2 --seeds 2 \
       --seed_start 100 --steps 60 $C --out out/study/tune-tiny-sgd
   # K (updates per rollout batch) and the learning rate together, K = 1 included
   python bench.py --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4 --updates_grid 1,2,4 --seeds 2 --seed_start 100 \
@@ -28,6 +28,12 @@ run)
   # A: today's world, AdamW, K = 1, every method at its tuned learning rate
   python bench.py --methods $SIX --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 --steps 60 $C \
       --out out/study/tiny-adamw
+  # D: today's world, AdamW, each method's tuned K and learning rate
+  python bench.py --methods grpo,d3s --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 --steps 60 $C \
+      --out out/study/tiny-adamw-k
+  # E: D under GSPO's sequence ratio and clip range (--loss gspo)
+  python bench.py --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
+      --steps 60 $C --out out/study/tiny-adamw-k-gspo
   # B: today's world, SGD with momentum, no gradient clip: where Var(A) should move the step size
   python bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --tuned out/study/tune-tiny-sgd/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-sgd
@@ -35,12 +41,6 @@ run)
   #    shortcut: not tuned again]; 40 steps, because GRPO is near the ceiling by step 100
   python bench.py --model tiny-long --methods grpo,d3s,d2s --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 \
       --steps 40 $C --out out/study/long-adamw
-  # D: today's world, AdamW, each method's tuned K and learning rate
-  python bench.py --methods grpo,d3s --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 --steps 60 $C \
-      --out out/study/tiny-adamw-k
-  # E: D under GSPO's sequence ratio and clip range (--loss gspo)
-  python bench.py --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
-      --steps 60 $C --out out/study/tiny-adamw-k-gspo
   ;;
 *)
   echo "usage: bash scripts/study.sh tune|run" >&2
