@@ -34,6 +34,10 @@ paper leaves open is marked [ours], here, there and in the code below.
   keep_ratios        the schedule: p = step / (total_steps - 1),
                      rho(p) = (1 - p) * rho_init + p * rho_final (linear), rho_init (constant).
                      [ours] p = 0 when total_steps == 1. The four default ratios live in train.py.
+  applied_ratios     the ratios a method applies at a step, given the schedule's: rho_s = 1 where it keeps
+                     every rollout (sample "none"), rho_t = 1 where it keeps every token (token "none"),
+                     the 80/20 baseline's fixed t_keep; what a trainer logs, so that a log never shows
+                     a ratio the method did not use.
   policy_loss        step 7, per kept token with w_t = exp(logp_t - logp_old_t):
                        l_t = -min(w_t * A_i, clip(w_t, 1 - eps_low, 1 + eps_high) * A_i)     (GRPO)
                      GSPO: s_i = exp(mean_t(logp_t - logp_old_t)), in the GSPO-token form
@@ -46,6 +50,8 @@ paper leaves open is marked [ours], here, there and in the code below.
                      num_tokens, the kept tokens of the whole update, so micro-batches give the
                      same gradient as one batch. [ours] clip_frac counts the kept tokens whose
                      gradient the clip removes (ratio out of range on the side that A pushes).
+  population_variance  Var(x) = mean((x - mean x)^2) of a 1-D tensor, 0 for fewer than 2 values: the
+                     var(A) of the logs, over all rollouts and over the kept ones.
   METHODS            the named methods (docs/algorithm.md) -> dict(sample=..., token=..., schedule=...);
                      `entropy` (80/20) also carries its fixed token ratio t_keep=0.2.
                      [ours] grpo's schedule is "-" in the table; we store "constant" (it keeps
@@ -336,6 +342,21 @@ def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):
     p = step / (total_steps - 1) if total_steps > 1 else 0.0  # progress in [0, 1]
     return (1 - p) * s_init + p * s_final, (1 - p) * t_init + p * t_final
 
+
+def applied_ratios(method, rho_s, rho_t):
+    """(rho_s, rho_t) as `method` (a name of METHODS) applies them at a step whose scheduled ratios
+    (keep_ratios) are rho_s, rho_t: 1 where it keeps every rollout or every token, the 80/20 baseline's
+    fixed t_keep. (A constant schedule already holds the init values: keep_ratios returns them.)"""
+    _check_choice("method", method, tuple(METHODS))
+    _check_ratio("rho_s", rho_s)
+    _check_ratio("rho_t", rho_t)
+    m = METHODS[method]
+    if m["sample"] == "none":
+        rho_s = 1.0  # every rollout goes on
+    if m["token"] == "none":
+        rho_t = 1.0  # every token of a kept rollout is trained
+    return float(rho_s), float(m.get("t_keep", rho_t))
+
 # -----------------------------------------------------------------------------
 # step 7: the loss
 
@@ -399,3 +420,13 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
         stats["ratio_min"] = w[token_mask].min().item() if kept else 1.0
         stats["ratio_max"] = w[token_mask].max().item() if kept else 1.0
     return loss_value, stats
+
+# -----------------------------------------------------------------------------
+# logs
+
+
+def population_variance(x):
+    """Var(x) = mean((x - mean x)^2), the population variance of a 1-D tensor (n,), as a float; 0 for
+    fewer than 2 values. The logs' var(A): all rollouts' advantages, then the kept ones'."""
+    _check_dim("x", x, 1, "1-D (n,)")
+    return x.detach().double().var(correction=0).item() if x.numel() > 1 else 0.0

@@ -267,6 +267,16 @@ def test_keep_ratios_linear_and_constant():
     assert {d3s.keep_ratios(s, total, "constant", 0.25, 0.75, 0.2, 0.6) for s in range(total)} == {(0.25, 0.2)}
     assert d3s.keep_ratios(0, 1, "linear", 0.25, 0.75, 0.2, 0.6) == (0.25, 0.2)  # one step: init
 
+
+def test_applied_ratios_by_hand():
+    # what each method trains with when the schedule says (0.4, 0.3): 1 where it keeps everything,
+    # the 80/20 baseline's fixed 0.2 of tokens, the scheduled value where the method selects
+    want = {"grpo": (1.0, 1.0), "pods": (0.4, 1.0), "d1s": (0.4, 1.0), "d1s-cross": (0.4, 1.0),
+            "d2s": (0.4, 0.3), "d3s": (0.4, 0.3), "d3s-i": (0.4, 0.3), "entropy": (1.0, 0.2)}
+    assert {m: d3s.applied_ratios(m, 0.4, 0.3) for m in d3s.METHODS} == want
+    assert d3s.applied_ratios("entropy", 0.4, 0.9) == (1.0, 0.2)  # fixed, whatever the schedule says
+    assert d3s.applied_ratios("d3s", 1, 1) == (1.0, 1.0) and type(d3s.applied_ratios("d3s", 1, 1)[0]) is float
+
 # -----------------------------------------------------------------------------
 # loss
 
@@ -410,6 +420,20 @@ def test_policy_loss_padding_values_do_not_leak():
         logp.grad = None
 
 # -----------------------------------------------------------------------------
+# logs
+
+
+def test_population_variance_hand_computed():
+    # [1, 2, 3, 6]: mean 3, squared deviations 4, 1, 0, 9, their mean 14 / 4 = 3.5 (unbiased would be 14 / 3)
+    assert d3s.population_variance(torch.tensor([1.0, 2.0, 3.0, 6.0])) == 3.5
+    assert d3s.population_variance(torch.tensor([1, 0, 1, 1])) == 0.1875  # integers: mean 3/4, (3 / 16 + 9 / 16) / 4
+    assert d3s.population_variance(torch.tensor([5.0])) == 0.0  # fewer than 2 values
+    assert d3s.population_variance(torch.zeros(0)) == 0.0  # not the NaN of an empty mean
+    x = torch.tensor([0.5, -0.5, 1.5], requires_grad=True)  # a tensor with grad (advantages may carry one)
+    assert d3s.population_variance(x) == pytest.approx(2 / 3)  # mean 0.5, deviations 0, -1, 1
+
+
+# -----------------------------------------------------------------------------
 # methods, imports, errors
 
 
@@ -485,6 +509,10 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 1.2, 0.2, 0.6), r"s_final must be in \(0, 1\], got 1.2"),
     (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 2, 0.6), r"t_init must be in \(0, 1\], got 2"),
     (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 0.2, -1), r"t_final must be in \(0, 1\], got -1"),
+    (lambda: d3s.applied_ratios("d4s", 0.5, 0.5), r"method must be one of grpo, pods, .*, entropy; got 'd4s'"),
+    (lambda: d3s.applied_ratios("d3s", 0.0, 0.5), r"rho_s must be in \(0, 1\], got 0.0"),
+    (lambda: d3s.applied_ratios("grpo", 0.5, 1.5), r"rho_t must be in \(0, 1\], got 1.5"),
+    (lambda: d3s.population_variance(A4.view(2, 2)), r"x must be 1-D \(n,\), got shape \(2, 2\)"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, loss="ppo"), r"loss must be one of grpo, gspo; got 'ppo'"),
     (lambda: d3s.policy_loss(LP, LP[:1], A4[:2], M, 6), r"old_logp has shape \(1, 3\), must match logp \(2, 3\)"),
     (lambda: d3s.policy_loss(LP, LP, A4, M, 6), r"advantages has shape \(4,\), must match the rows of logp \(2,\)"),
