@@ -17,8 +17,10 @@ D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow
         --learning_rate 1e-4 --lr_scheduler_type constant --logging_steps 1 --gradient_checkpointing false
 
 Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance_sampling_level
-sequence, ...), plus the D3S knobs under train.py's names: --method (a name of d3s.METHODS),
---s_init --s_final --t_init --t_final. The math is d3s.py's; this file only wires it into TRL's step.
+sequence, ...), plus the D3S knobs under train.py's names and defaults: --method (a name of
+d3s.METHODS), --s_init --s_final --t_init --t_final. As in train.py, a ratio the method ignores is
+refused (--method grpo --s_init 0.5: one line on stderr, exit code 2). The math is d3s.py's; this
+file only wires it into TRL's step.
 
 TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the steps):
     TRL generates a generation batch of B = per_device_train_batch_size x processes x
@@ -36,11 +38,13 @@ TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the ste
      loss uses completion_mask * tool_mask, the attention completion_mask alone), and the step's
      kept-token count becomes the divisor of loss_type="dapo": the sum over kept tokens / kept tokens
      of the step, as train.py. GRPO and GSPO are TRL's (--importance_sampling_level token | sequence).
-The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps.
+The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps;
+d3s.applied_ratios turns its values into the ratios the method applies (1 where it keeps every
+rollout or token, the 80/20 baseline's fixed 0.2 of tokens), as train.py does.
 Each step adds d3s/* metrics to TRL's log (so to wandb, tensorboard, ...), named as train.py's
-log.jsonl: rho_s, rho_t, rollouts, kept, valid (tokens of the kept rollouts), tokens (kept),
-var_adv and var_kept (population variance of A, all rollouts -> kept ones), entropy (with token
-selection: mean H over the valid tokens of the kept rollouts), fillers (below).
+log.jsonl: rho_s and rho_t (as applied), rollouts, kept, valid (tokens of the kept rollouts), tokens
+(kept), var_adv and var_kept (d3s.population_variance of A, all rollouts -> kept ones), entropy (with
+token selection: mean H over the valid tokens of the kept rollouts), fillers (below).
 
 Every process must make the same forward/backward calls with the same row counts (DDP and ZeRO
 reduce gradients in lockstep, ZeRO-3 gathers parameters per forward, TRL gathers per-row metrics),
@@ -77,7 +81,8 @@ What is not the same as train.py:
     held-out accuracy during training (eval.py reads the saved folder); TRL's eval_strategy computes
     the plain GRPO loss on every rollout. Text-only models only.
 """
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -100,6 +105,7 @@ PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
                    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio")
 ROW_KEYS = ("advantages", "rollout_index")
+RATIOS = ("s_init", "s_final", "t_init", "t_final")  # the schedule's four keep ratios, train.py's knobs
 
 # -----------------------------------------------------------------------------
 # config: TRL's GRPOConfig plus the D3S knobs, under train.py's names and with its defaults
@@ -119,16 +125,32 @@ class D3SConfig(GRPOConfig):
         super().__post_init__()
         if self.method not in d3s.METHODS:
             raise ValueError(f"method {self.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
-        for name in ("s_init", "s_final", "t_init", "t_final"):
+        for name in RATIOS:
             value = getattr(self, name)
             if not (0 < value <= 1):
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
+        # A ratio the method ignores is refused, as train.py refuses it: set to other than its default,
+        # yet the method trains with the same ratios as with the default (grpo and s_init, say).
+        applied = self.applied_ratios()
+        for f in fields(D3SConfig):
+            if f.name in RATIOS and getattr(self, f.name) != f.default and \
+                    self.applied_ratios(**{f.name: f.default}) == applied:
+                raise ValueError(f"{f.name} {getattr(self, f.name)} does not apply to method {self.method!r}: it "
+                                 f"trains with (rho_s, rho_t) {applied[0]} at the first step and {applied[1]} at "
+                                 f"the last, whatever {f.name} is; leave it out")
         if self.loss_type != "dapo":
             raise ValueError(f"loss_type {self.loss_type!r} is not supported with D3S; use 'dapo' (the default): "
                              f"the loss is the sum over kept tokens / the step's kept tokens, as in train.py")
         if self.top_entropy_quantile != 1.0:
             raise ValueError("top_entropy_quantile is TRL's own 80/20 token mask; use method='entropy' "
                              "(the same baseline, pooled over the step) and leave top_entropy_quantile at 1.0")
+
+    def applied_ratios(self, **ratios):
+        """[(rho_s, rho_t) at the first step, at the last step] as the method applies them
+        (d3s.keep_ratios, then d3s.applied_ratios), for this config's ratios or those given."""
+        r = {**{name: getattr(self, name) for name in RATIOS}, **ratios}
+        schedule = d3s.METHODS[self.method]["schedule"]
+        return [d3s.applied_ratios(self.method, *d3s.keep_ratios(step, 2, schedule, **r)) for step in (0, 1)]
 
 # -----------------------------------------------------------------------------
 # moving rows between processes: pure functions of tensors and an accelerate.Accelerator
@@ -191,11 +213,6 @@ def split_micro_batches(part, steps):
     return [trim({key: t[chunk] if t.dim() > 0 else t for key, t in part.items()})
             for chunk in torch.arange(rows, device=part["advantages"].device).tensor_split(steps)]
 
-
-def pop_var(x):
-    """Population variance of a 1-D tensor (0 for fewer than 2 values), as train.py logs it."""
-    return x.float().var(unbiased=False).item() if x.numel() > 1 else 0.0
-
 # -----------------------------------------------------------------------------
 # the trainer
 
@@ -209,7 +226,7 @@ class D3STrainer(GRPOTrainer):
             raise TypeError(f"D3STrainer needs a D3SConfig, got {type(self.args).__name__}")
         if self._is_vlm:
             raise ValueError("D3STrainer supports text-only models; multimodal inputs are not handled")
-        self.method = d3s.METHODS[self.args.method]
+        self.method = d3s.METHODS[self.args.method]  # dict(sample=..., token=..., schedule=...)
         self._rewards_per_func = None  # (B, reward functions), every process's rollouts
 
     def _calculate_rewards(self, *args, **kwargs):
@@ -243,11 +260,12 @@ class D3STrainer(GRPOTrainer):
             raise ValueError(f"D3STrainer handles text-only batches; got {', '.join(sorted(unknown))}")
         acc, steps = self.accelerator, self.args.steps_per_generation
         a = self.args
-        # the schedule: rho(p), p = global step / (max_steps - 1), read when the batch is generated
+        # the schedule: rho(p), p = global step / (max_steps - 1), read when the batch is generated; then
+        # the ratios the method applies (1 where it keeps everything, the 80/20 baseline's fixed share)
         total = max(self.state.max_steps, 1)
-        rho_s, rho_t = d3s.keep_ratios(min(self.state.global_step, total - 1), total, self.method["schedule"],
-                                       a.s_init, a.s_final, a.t_init, a.t_final)
-        rho_t = self.method.get("t_keep", rho_t)  # the 80/20 baseline keeps a fixed share of tokens
+        scheduled = d3s.keep_ratios(min(self.state.global_step, total - 1), total, self.method["schedule"],
+                                    a.s_init, a.s_final, a.t_init, a.t_final)
+        rho_s, rho_t = d3s.applied_ratios(a.method, *scheduled)
 
         # step 4: the kept rollouts, chosen once over the whole generation batch of every process
         batch = gather_batch(local, acc, self._tokenizer.pad_token_id)
@@ -284,7 +302,7 @@ class D3STrainer(GRPOTrainer):
         # the diagnostics of train.py's step line, through TRL's metrics (so to any logger)
         metrics.update(rho_s=rho_s, rho_t=rho_t, rollouts=advantages.numel(), kept=len(index),
                        valid=acc.reduce(valid.sum(), reduction="sum").item(), tokens=num_kept.item(),
-                       var_adv=pop_var(advantages), var_kept=pop_var(kept_adv),
+                       var_adv=d3s.population_variance(advantages), var_kept=d3s.population_variance(kept_adv),
                        fillers=len(share) * acc.num_processes - len(index))
         for name, value in metrics.items():
             self._metrics["train"][f"d3s/{name}"].append(float(value))
@@ -338,7 +356,11 @@ class ScriptArguments:
 
 
 def main(argv=None):
-    script, config = HfArgumentParser((ScriptArguments, D3SConfig)).parse_args_into_dataclasses(argv)
+    try:
+        script, config = HfArgumentParser((ScriptArguments, D3SConfig)).parse_args_into_dataclasses(argv)
+    except ValueError as e:  # a bad knob (D3SConfig's checks or TRL's): one line, exit code 2, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     with config.main_process_first(desc="loading data and model"):  # the tiny world is built once, by process 0
         rows = load_problems(script.dataset, "train", limit=script.limit, data_dir=script.data_dir)
         # float32 weights: with --bf16 (TRL's default) the forward runs in bf16 autocast, as train.py on a GPU

@@ -1,22 +1,20 @@
 """
 trl_d3s.py: D3S inside TRL's GRPOTrainer, checked against d3s.py's functions and plain GRPOTrainer.
-CPU, offline, tiny Qwen2 models built in code. The two-process test runs this file under torchrun
-(gloo); the code it runs there is two_process_worker, at the bottom.
+CPU, offline, tiny Qwen2 models built in code. The two-process test forks two processes from this
+one (gloo, the environment torchrun sets); the code they run is two_process_worker, at the bottom.
 """
 import copy
 import dataclasses
+import gc
 import json
 import os
-import subprocess
-import sys
+import socket
+import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":  # run as a script by torchrun: the repository is not on the path yet
-    sys.path.insert(0, str(ROOT))
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import gather_object
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
@@ -29,6 +27,16 @@ from trl_d3s import D3SConfig, D3STrainer, process_shares
 G, T = 4, 6  # group size; completion width of the synthetic batches
 DATASET = Dataset.from_list([{"prompt": f"Question: {a}+{b}\nAnswer:", "answer": str((a + b) % 10)}
                              for a in range(10) for b in range(10)])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap():
+    """Trainer.train ends in accelerate's free_memory, a gc.collect over every object of the process:
+    0.5 s of a 0.6 s step here, most of it the imported libraries. Frozen, they are not scanned."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 def checksum_reward(completions, **kwargs):
@@ -114,7 +122,7 @@ def trained(micro_batches):
 
 
 def expected(batch, rewards, entropy, method, rho_s, rho_t):
-    """The same, straight from d3s.py on the whole batch: what train.py would keep."""
+    """The same, straight from d3s.py on the whole batch at the ratios rho_s, rho_t: what train.py would keep."""
     m = d3s.METHODS[method]
     index, adv = d3s.select_samples(rewards, batch["advantages"], G, rho_s, m["sample"])
     valid = batch["completion_mask"].bool()[index]
@@ -122,7 +130,7 @@ def expected(batch, rewards, entropy, method, rho_s, rho_t):
         mask = valid
     else:
         scores = d3s.token_scores(adv, entropy[index], m["token"])
-        mask = d3s.select_tokens(scores, valid, m.get("t_keep", rho_t))
+        mask = d3s.select_tokens(scores, valid, rho_t)
     return {int(i): (a.item(), mask[j].nonzero().flatten().tolist()) for j, (i, a) in enumerate(zip(index, adv))}
 
 
@@ -160,10 +168,36 @@ def test_config_knobs_are_train_pys(tmp_path):
     (dict(t_final=1.5), "t_final"),
     (dict(loss_type="grpo"), "dapo"),
     (dict(top_entropy_quantile=0.2), "method='entropy'"),
+    (dict(method="grpo", s_init=0.5), r"s_init 0.5 does not apply to method 'grpo': it trains with \(rho_s, rho_t\) "
+                                      r"\(1.0, 1.0\) at the first step and \(1.0, 1.0\) at the last, whatever s_init is"),
 ])
 def test_config_refuses(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message):
         D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **bad)
+
+
+def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
+    # as train.py: a keep ratio set away from its default, which the method would not use, is an error
+    uses = {"grpo": set(), "pods": {"s_init"}, "d1s": {"s_init"}, "d1s-cross": {"s_init"},
+            "d2s": {"s_init", "t_init"}, "d3s": set(trl_d3s.RATIOS), "d3s-i": set(trl_d3s.RATIOS),
+            "entropy": set()}  # without a schedule no *_final is read
+    refused = {}
+    for method in d3s.METHODS:
+        for name in trl_d3s.RATIOS:
+            try:
+                D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", method=method, **{name: 0.35})
+            except ValueError as e:
+                assert str(e).startswith(f"{name} 0.35 does not apply to method {method!r}"), e
+                refused.setdefault(method, set()).add(name)
+    assert {m: set(trl_d3s.RATIOS) - refused.get(m, set()) for m in d3s.METHODS} == uses
+
+
+def test_command_line_refusal_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        trl_d3s.main(["--output_dir", str(tmp_path), "--method", "entropy", "--t_init", "0.3", "--use_cpu", "true"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: t_init 0.3 does not apply to method 'entropy'") and "\n" not in err
 
 def test_reward_is_reward_grade(monkeypatch):
     stop = {1}  # <eos> of the tiny tokenizer
@@ -182,25 +216,46 @@ def test_reward_is_reward_grade(monkeypatch):
 # one process
 
 
-@pytest.mark.parametrize("method", ["d3s", "d3s-i", "pods", "entropy"])
-def test_keeps_what_d3s_keeps(tmp_path, method):
+# Every method: the knobs it reads, and the (rho_s, rho_t) it applies at the first and the last of 2 steps,
+# by hand: 1 where it keeps everything, the 80/20 baseline's 0.2 of tokens, no schedule but d3s's and d3s-i's
+APPLIED = {
+    "grpo":      ({}, [(1, 1), (1, 1)]),
+    "pods":      (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
+    "d1s":       (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
+    "d1s-cross": (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
+    "d2s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.4, 0.3)]),
+    "d3s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),  # s_final, t_final: the defaults
+    "d3s-i":     (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
+    "entropy":   ({}, [(1, 0.2), (1, 0.2)]),
+}
+
+
+@pytest.mark.parametrize("method", d3s.METHODS)
+def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
     # 16 rollouts, 2 micro-batches; the same rewards, advantages and entropies as d3s.py gets
-    trainer = make_trainer(tmp_path, method, per_device=8, accumulation=2, s_init=0.4, t_init=0.3)
+    knobs, ratios = APPLIED[method]
+    trainer = make_trainer(tmp_path, method, per_device=8, accumulation=2, **knobs)
     batch, rewards, entropy = synthetic(16, seed=1)
     trainer._get_per_token_logps_and_entropies = fake_entropy(entropy)
-    micro = down_sample(trainer, local_rows(batch, 0, 16), rewards)
-    want = expected(batch, rewards, entropy, method, 0.4, 0.3)
-    assert_same(trained(micro), want)
-    assert len(micro) == 2
-    kept_tokens = sum(len(cols) for _, cols in want.values())
-    assert [int(mb["num_items_in_batch"]) for mb in micro] == [kept_tokens] * 2  # TRL's dapo divisor
     metrics = trainer._metrics["train"]
-    assert metrics["d3s/kept"] == [len(want)] and metrics["d3s/tokens"] == [kept_tokens]
-    assert metrics["d3s/rollouts"] == [16] and metrics["d3s/fillers"] == [0]
-    if d3s.METHODS[method]["token"] != "none":  # train.py's entropy: over the valid tokens of the kept rollouts
+    for step, (rho_s, rho_t) in enumerate(ratios):
+        micro = down_sample(trainer, local_rows(batch, 0, 16), rewards, step=step, steps=2)
+        # the logged ratios are the method's, and they are the ones it selected with
+        assert (metrics["d3s/rho_s"][-1], metrics["d3s/rho_t"][-1]) == pytest.approx((rho_s, rho_t))
+        want = expected(batch, rewards, entropy, method, rho_s, rho_t)
+        assert_same(trained(micro), want)
+        assert len(micro) == 2
+        kept_tokens = sum(len(cols) for _, cols in want.values())
+        assert [int(mb["num_items_in_batch"]) for mb in micro] == [kept_tokens] * 2  # TRL's dapo divisor
+        assert metrics["d3s/kept"][-1] == len(want) and metrics["d3s/tokens"][-1] == kept_tokens
+        assert metrics["d3s/rollouts"][-1] == 16 and metrics["d3s/fillers"][-1] == 0
         rows = sorted(want)
-        valid = batch["completion_mask"][rows].bool()
-        assert metrics["d3s/entropy"] == [pytest.approx(entropy[rows][valid].mean().item())]
+        kept_adv = torch.tensor([want[r][0] for r in rows])
+        assert metrics["d3s/var_adv"][-1] == pytest.approx(batch["advantages"].var(unbiased=False).item())
+        assert metrics["d3s/var_kept"][-1] == pytest.approx(kept_adv.var(unbiased=False).item())
+        if d3s.METHODS[method]["token"] != "none":  # train.py's entropy: over the valid tokens of the kept rollouts
+            valid = batch["completion_mask"][rows].bool()
+            assert metrics["d3s/entropy"][-1] == pytest.approx(entropy[rows][valid].mean().item())
 
 
 def test_schedule_reads_the_global_step(tmp_path):
@@ -311,11 +366,16 @@ def two_process_batch():
 
 def test_two_processes_select_as_one(tmp_path):
     out = tmp_path / "two.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          __file__, str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    # forked, not launched: the two processes start with TRL already imported (torchrun's fresh
+    # processes spent 9 of their 10 s importing it), and find each other as torchrun's would
+    context = torch.multiprocessing.start_processes(two_process_worker, (str(out), free_port()), nprocs=2,
+                                                    join=False, start_method="fork")
+    deadline = time.monotonic() + 300
+    while not context.join(timeout=1):  # a failed process raises here, with its traceback
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two processes did not finish within 300 s")
     result = json.loads(out.read_text())
 
     # one process with the whole batch, and d3s.py itself
@@ -338,25 +398,34 @@ def test_two_processes_select_as_one(tmp_path):
     assert len(result["processes"][0]["trained"]) == 3 and len(result["processes"][1]["trained"]) == 2
     # and the two processes trained 2 steps together, with the schedule's counts
     steps = [row for row in result["log"] if "d3s/kept" in row]
+    assert result["world"] == [2, 2]
     assert [row["d3s/kept"] for row in steps] == [d3s.num_keep(0.25, 16), d3s.num_keep(0.75, 16)]
 
 
-def two_process_worker(out_path):
-    """Under torchrun, 2 processes: each hands its 8 rows of two_process_batch to _down_sample; then
-    both train 2 real steps together. Process 0 writes what each process got, and the log."""
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_process_worker(rank, out_path, port):
+    """Process `rank` of 2, forked from the test: each hands its 8 rows of two_process_batch to
+    _down_sample; then both train 2 real steps together. Process 0 writes what each process got, and the log."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # what torchrun would set
+    AcceleratorState._reset_state(reset_partial_state=True)  # forget the parent's one-process state
+    GradientState._reset_state()
+    torch.set_num_threads(1)  # a forked process starts a fresh thread pool
     work = Path(out_path).parent
     trainer = make_trainer(work / "select", "d3s", per_device=4, accumulation=2, s_init=0.3, t_init=0.3)
-    p = trainer.accelerator.process_index
+    acc = trainer.accelerator
     batch, rewards, entropy = two_process_batch()
     trainer._get_per_token_logps_and_entropies = fake_entropy(entropy)
-    micro = down_sample(trainer, local_rows(batch, 8 * p, 8 * (p + 1)), rewards)
+    micro = down_sample(trainer, local_rows(batch, 8 * rank, 8 * (rank + 1)), rewards)
     mine = {"sizes": [len(mb["advantages"]) for mb in micro], "trained": trained(micro)}
     processes = gather_object([mine])
     run = make_trainer(work / "run", "d3s", per_device=4, accumulation=2, max_steps=2)
     run.train()
-    if trainer.accelerator.is_main_process:
-        Path(out_path).write_text(json.dumps({"processes": processes, "log": run.state.log_history}))
-
-
-if __name__ == "__main__":
-    two_process_worker(sys.argv[1])
+    if acc.is_main_process:
+        world = [acc.num_processes, torch.distributed.get_world_size()]
+        Path(out_path).write_text(json.dumps({"processes": processes, "log": run.state.log_history, "world": world}))
