@@ -32,8 +32,8 @@ DATASET = Dataset.from_list([{"prompt": f"Question: {a}+{b}\nAnswer:", "answer":
 @pytest.fixture(scope="module", autouse=True)
 def frozen_heap():
     """Trainer.train ends in accelerate's free_memory, a gc.collect over every object of the process:
-    0.5 s of a 0.6 s step here, most of it the imported libraries. Frozen, they are not scanned."""
-    gc.collect()
+    0.5 s of a 0.6 s step here, most of it the imported libraries. Frozen, they are not scanned (and
+    any garbage among them waits for the unfreeze)."""
     gc.freeze()
     yield
     gc.unfreeze()
