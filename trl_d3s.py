@@ -1,5 +1,6 @@
 """
 D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow one GPU.
+docs/trl.md tells the whole story: commands, logs, what is checked and what was never run.
 
     # one GPU: train.py's real-model step, 32 prompts x 8 = 256 rollouts, in 4 micro-batches
     python trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
@@ -75,6 +76,8 @@ What is not the same as train.py:
     D3STrainer sets to the kept tokens. TRL's other aggregations average per sequence or per
     micro-batch, which filler rows and the kept subset would change.
   - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is train.py's.
+  - With --use_vllm, TRL passes vLLM no stop tokens: it stops at the model's own eos only (for a
+    base Qwen2.5, <|endoftext|>, not <|im_end|>). Never run here.
   - TRL's own no-grad passes that run before rewards exist (old log-probs for vLLM's importance
     correction or num_iterations > 1, reference log-probs when beta > 0) still see every rollout.
   - Prompts come in TRL's order (its sampler, shuffled with --seed), not train.py's; there is no
