@@ -20,13 +20,14 @@ Steps 1 and 5 of the algorithm (docs/algorithm.md):
   Rollouts.piece   the tensors a forward pass of some rows needs, cut to those rows' own span (from
                    their first real prompt column to their last real completion column), so one long
                    rollout elsewhere in the batch never widens them.
-  token_logprobs   step 5. log pi(y_t | x, y_<t) of each completion token (with gradient when enabled)
+  completion_hidden, head_logprobs
+                   step 5. log pi(y_t | x, y_<t) of each completion token (with gradient when enabled)
                    and the entropy H_t = -sum_v p_v log p_v of p = softmax(logits / T) over the full
-                   vocabulary (never with gradient). In two parts that the training loop also calls
-                   one by one: completion_hidden runs the decoder body once; head_logprobs runs the
-                   lm_head and the float32 softmax only at the positions asked for (the kept tokens,
-                   say), in chunks, each inside activation checkpointing, so neither the forward nor
-                   autograd ever holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
+                   vocabulary (never with gradient), in two parts: completion_hidden runs the decoder
+                   body once; head_logprobs runs the lm_head and the float32 softmax only at the
+                   positions asked for (the kept tokens, say), in chunks, each inside activation
+                   checkpointing, so neither the forward nor autograd ever holds the (B, T, V) float32
+                   logits (V = 151,936 for Qwen2.5).
 
 [ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
 distribution it samples from, softmax(logits / T) over the full vocabulary (Sampler): the step line
@@ -35,11 +36,27 @@ logs it, and when the kept rollouts need several micro-batches it is the entropy
 function as the training forward in another order of floating-point operations; on the tiny model
 the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it).
 
-[ours] Sampling is exactly softmax(logits / T): Sampler draws the tokens, and every knob a
-checkpoint's generation_config.json may set is switched off (Qwen2.5 instruct ships top_k=20 and
-repetition_penalty=1.05, and transformers' own default is top_k=50), because the policy gradient
-scores samples with token_logprobs, which knows only T. A different sampler would make the rollouts
-off-policy without saying so. (eval.py's top_p < 1 uses generate's own sampler with those knobs off.)
+[ours] Sampling is exactly softmax(logits / T), whatever the checkpoint's generation_config.json says.
+Sampler draws the tokens, and `generate` runs with a configuration built here that holds only what
+rollouts need (the token budget, the stop and pad ids, greedy or not, the cache). transformers fills
+every field we leave unset from model.generation_config (GenerationMixin._prepare_generation_config),
+so while generating, model.generation_config is a blank GenerationConfig: nothing of the checkpoint's
+(Qwen2.5 instruct ships top_k=20 and repetition_penalty=1.05; others suppress tokens, force an EOS at
+the last position, set a min_length, a max_time, stop strings, beams...) can reach the logits or the
+stopping rule. Only transformers' library defaults remain, and with do_sample=False none of them builds
+a logits processor (a test checks the exact processor list generate builds). This matters because the
+policy gradient scores the samples with softmax(logits / T) alone (head_logprobs): a different sampler
+would make the rollouts off-policy without saying so, and a forced EOS would put a token the policy
+never sampled into the loss and hide a truncation. Greedy decoding (temperature 0) runs with the same
+blank configuration: argmax of the raw logits. eval.py's top_p < 1 uses generate's own sampler with
+our temperature and top_p and nothing else (top_k=0: transformers' own default is 50).
+
+[ours] The random numbers are a pure function of (seed, row, position): Sampler's uniform for row r
+of the call (counted over all its rows, group by group) at decode position t is a counter-based hash
+(splitmix64) of (seed, r, t), computed on the model's device for all rows at once. So the samples are
+the same whatever batch_size splits the rows into generate calls, whatever the cache mode, and whatever
+else draws random numbers in between; seed=None draws one seed from torch's global generator per call,
+so torch.manual_seed still makes a run reproducible.
 """
 import math
 from dataclasses import dataclass
@@ -47,7 +64,7 @@ from typing import Optional
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 # [ours] Default token positions per lm_head chunk, counted over the whole micro-batch (only the
 # positions asked for: real completion tokens, never padding). Each chunk briefly holds a few
@@ -100,7 +117,7 @@ class Rollouts:
         span: from the first column where any of them has a real prompt token to the last column
         where any has a completion token. width is the number of completion columns kept; the
         completion tensors of these rows are all padding beyond it. Positions come from the mask
-        (token_logprobs), so dropping all-padding columns on either side changes no value."""
+        (completion_hidden), so dropping all-padding columns on either side changes no value."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.group.device)
         prompt_mask, mask = self.prompt_mask[rows], self.completion_mask[rows]  # (n, P), (n, T)
         first = int(prompt_mask.any(dim=0).long().argmax())  # left padding shared by all these rows
@@ -157,27 +174,79 @@ def _encode_left_padded(tokenizer, prompts, pad_id):
     return prompt_ids, prompt_mask  # (n, P), (n, P)
 
 
+# -----------------------------------------------------------------------------
+# random numbers: one uniform per (seed, row, decode position)
+
+# [ours] splitmix64 (Steele, Lea and Flood 2014; the generator behind Java's SplittableRandom) in int64
+# tensor arithmetic, so one call hashes every row at once on the CPU or a GPU. torch's int64 + and *
+# wrap modulo 2**64 exactly like the uint64 original; constants above 2**63 are written as the int64
+# with the same bits.
+GOLDEN = 0x9E3779B97F4A7C15 - 2 ** 64  # the stream's increment (2**64 / golden ratio, odd)
+MIX1 = 0xBF58476D1CE4E5B9 - 2 ** 64
+MIX2 = 0x94D049BB133111EB - 2 ** 64
+
+
+def _int64(n):
+    """The Python int n reduced modulo 2**64 to the int64 with the same low 64 bits."""
+    n %= 2 ** 64
+    return n - 2 ** 64 if n >= 2 ** 63 else n
+
+
+def _shr(x, s):
+    """Logical right shift of an int64 tensor: torch's >> is arithmetic (it copies the sign bit), so
+    the top s bits are masked off."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64(x):
+    """The splitmix64 finaliser of every int64 in x: a bijection of 64-bit words in which every output
+    bit depends on every input bit."""
+    x = (x ^ _shr(x, 30)) * MIX1
+    x = (x ^ _shr(x, 27)) * MIX2
+    return x ^ _shr(x, 31)
+
+
+def uniforms(seed, rows, t):
+    """(b,) float64 in [0, 1): the uniform number of each row in rows (b,) long at decode position t,
+    a pure function of (seed, row, t). Row r's numbers are the splitmix64 stream started at a key hashed
+    from (seed, r); its t-th number has 53 random bits, as many as a float64 holds."""
+    seed = splitmix64(torch.tensor(_int64(seed), dtype=torch.long, device=rows.device))
+    key = splitmix64(seed + rows * GOLDEN)  # (b,) one key per row
+    bits = splitmix64(key + _int64((t + 1) * GOLDEN))  # (b,) the row's stream at position t
+    return _shr(bits, 11).double() * 2.0 ** -53  # top 53 bits: an exact float64, never 1.0
+
+
+def draw_seed():
+    """A seed drawn from torch's global generator (CPU): torch.manual_seed makes it reproducible."""
+    return int(torch.randint(2 ** 63 - 1, ()))
+
+
 class Sampler(LogitsProcessor):
     """Draws every next token from exactly softmax(logits / T), the distribution step 5 scores the
     samples with, and records that distribution's entropy H at every decode step.
 
-    generate then decodes greedily over what this returns: 0 at the drawn token, -inf elsewhere.
-    generate runs custom processors before any warper of its own, so the scores here are the raw
-    logits. [ours] The draw is by inverse CDF, one uniform number per row against the float64
-    cumulative sum of the probabilities: the same distribution as generate's own torch.multinomial,
-    which on a CPU costs 35 ms per decode step over a 151,936-token vocabulary (it is bound by
-    random-number generation), against 4 ms here.
+    generate then decodes greedily over what this returns: 0 at the drawn token, -inf elsewhere. It
+    runs with the blank configuration of generate_groups, so no processor of its own runs before this
+    one and the scores here are the raw logits. [ours] The draw is by inverse CDF: row i of this
+    generate call is row first_row + i of the whole batch, and at its t-th decode step it compares
+    uniforms(seed, first_row + i, t) against the float64 cumulative sum of its probabilities. The same
+    distribution as generate's own torch.multinomial, which on a CPU costs 35 ms per decode step over a
+    151,936-token vocabulary (it is bound by random-number generation), against 4 ms here; and unlike
+    a generator's stream, a row's numbers do not depend on which other rows share the call.
     """
 
-    def __init__(self, temperature):
-        self.temperature, self.entropy = temperature, []
+    def __init__(self, temperature, seed, first_row=0):
+        self.temperature, self.seed, self.first_row = temperature, seed, first_row
+        self.t, self.entropy = 0, []  # decode steps so far; (b,) entropy of each
 
     def __call__(self, input_ids, scores):
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (b, V)
         p = logp.exp()
         self.entropy.append(torch.special.entr(p).sum(dim=-1))  # (b,) -p log p, 0 where p = 0 (a -inf logit)
         cdf = p.double().cumsum(dim=-1)  # (b, V) float64: no rounding drift over 151,936 terms
-        u = torch.rand(p.shape[0], 1, dtype=torch.float64, device=p.device) * cdf[:, -1:]  # uniform in [0, total)
+        rows = torch.arange(self.first_row, self.first_row + p.shape[0], device=p.device)  # (b,)
+        u = uniforms(self.seed, rows, self.t)[:, None] * cdf[:, -1:]  # (b, 1) uniform in [0, total)
+        self.t += 1
         token = torch.searchsorted(cdf, u, side="right").clamp(max=p.shape[-1] - 1)  # (b, 1); never a p = 0 token
         return torch.full_like(scores, -math.inf).scatter_(-1, token, 0.0)
 
@@ -185,14 +254,40 @@ class Sampler(LogitsProcessor):
 CACHES = ("prefix", "plain", "static")
 
 
+def generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache):
+    """Everything `generate` is told, as a GenerationConfig (see the module docstring): what is not set
+    here is transformers' library default, never the checkpoint's."""
+    if temperature > 0 and top_p < 1:
+        # nucleus sampling (eval.py): generate's own sampler, softmax(logits / T) cut to top_p, nothing
+        # else (transformers' default top_k is 50)
+        sampling = dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0)
+    else:
+        sampling = dict(do_sample=False)  # greedy; with our Sampler, greedy over its one-hot scores
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids), pad_token_id=pad_id,
+                            cache_implementation="static" if cache == "static" else None, **sampling)
+
+
 def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0, top_p=1.0,
-                    batch_size=None, record_entropy=False, cache="prefix"):
+                    batch_size=None, record_entropy=False, cache="prefix", seed=None, first_row=0):
     """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
 
-    temperature == 0 means greedy decoding. batch_size caps the rows per `generate` call (None = all);
-    every call sees the same left padding, so greedy results do not depend on it. record_entropy
-    (sampling only): Rollouts.entropy holds the entropy of softmax(logits / T) at every generated
-    position, recorded while decoding (see the module docstring).
+    temperature == 0 means greedy decoding. Sampling (temperature > 0, top_p == 1) draws from exactly
+    softmax(logits / T) with Sampler; nothing of model.generation_config but its EOS ids is used (see
+    the module docstring).
+    seed: the sampled tokens are a pure function of (seed, row, decode position), so they do not depend
+    on batch_size, on cache, or on other random draws. None draws one seed from torch's global
+    generator (torch.manual_seed reproduces it). first_row: the index of this call's first row in a
+    larger batch that the caller splits over calls (eval.py), so that the split changes no sample; rows
+    of calls with the same seed and overlapping rows get the same random numbers. Greedy decoding
+    needs no seed; top_p < 1 samples with generate's own sampler from torch's global generator, so a
+    seed there is refused (seed torch instead: eval.evaluate does).
+    batch_size caps the rows per `generate` call (None = all). What it changes: only the floating-point
+    rounding of the forward (a batch of another shape may sum in another order; the cache modes too),
+    which moves the recorded entropy by a few float32 ulps (at most 2.6e-6 on the tiny test model) and
+    would flip a token only if a uniform fell within that rounding of a step of the cumulative
+    distribution (never seen in the tests, which compare the tokens exactly).
+    record_entropy (sampling only): Rollouts.entropy holds the entropy of softmax(logits / T) at every
+    generated position, recorded while decoding (see the module docstring).
     cache: how `generate` keeps its keys and values, the same samples every way (up to float rounding):
       prefix  [ours] the decoder runs once over each prompt and its KV cache is copied to the prompt's
               G rows, instead of G identical prefills (the default: measured faster, see README)
@@ -216,6 +311,13 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     if record_entropy and not (temperature > 0 and top_p == 1):
         raise ValueError("record_entropy needs plain sampling (temperature > 0, top_p = 1): it records the entropy "
                          "of softmax(logits / T)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed={seed!r} must be an integer or None (draw one from torch's generator)")
+    if seed is not None and temperature > 0 and top_p < 1:
+        raise ValueError(f"seed={seed} with top_p={top_p}: nucleus sampling uses generate's own sampler, which draws "
+                         f"from torch's global generator; leave seed=None and seed torch (eval.evaluate(seed=...) does)")
+    if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
+        raise ValueError(f"first_row={first_row!r} must be an integer >= 0")
 
     stop_ids = stop_token_ids(model, tokenizer)
     # [ours] a tokenizer without a pad token (Llama) pads with its first stop id; harmless, since
@@ -230,41 +332,36 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     B, P = prompt_ids.shape
 
     own_sampler = temperature > 0 and top_p == 1
-    if temperature == 0 or own_sampler:
-        sampling = dict(do_sample=False)  # greedy; with our Sampler, greedy over its one-hot scores
-    else:
-        # nucleus sampling (eval.py): generate's own sampler, exactly softmax(logits / T) + top_p, with
-        # whatever generation_config.json asks for switched off
-        sampling = dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0,
-                        typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
-        if model.generation_config.min_p is not None:
-            sampling["min_p"] = 0.0
-    knobs = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)  # both modes
+    if own_sampler and seed is None:
+        seed = draw_seed()  # one per call, before anything else draws
+    config = generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache)
 
     share = cache == "prefix" and group_size > 1 and P > 1
     step = B if batch_size is None else batch_size
     if share:  # whole groups per call, so that a prompt's rows share its cache
         step = max(group_size, step // group_size * group_size)
-    was_training = model.training
+    was_training, checkpoint_config = model.training, model.generation_config
     model.eval()
+    # generate fills every field `config` leaves unset from model.generation_config: make that blank
+    model.generation_config = GenerationConfig()
     chunks, entropies = [], []
     try:
         with torch.no_grad():
             for s in range(0, B, step):
-                sampler = Sampler(temperature) if own_sampler else None
-                extra = {"cache_implementation": "static"} if cache == "static" else {}
+                sampler = Sampler(temperature, seed, first_row + s) if own_sampler else None
+                extra = {}
                 if share:
                     extra["cache"] = prefill(model, prompt_ids[s:s + step:group_size],
-                                                       prompt_mask[s:s + step:group_size], group_size)
+                                             prompt_mask[s:s + step:group_size], group_size)
                 out = model.generate(
-                    input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step],
-                    max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad_id,
-                    logits_processor=LogitsProcessorList([sampler] if sampler else []), **sampling, **knobs, **extra,
+                    input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step], generation_config=config,
+                    logits_processor=LogitsProcessorList([sampler] if sampler else []), **extra,
                 )  # (b, P + t), t <= max_new_tokens: generate stops early once every row has stopped
                 chunks.append(out[:, P:])
                 if record_entropy:
                     entropies.append(torch.stack(sampler.entropy, dim=1))  # (b, t)
     finally:
+        model.generation_config = checkpoint_config
         model.train(was_training)
 
     T = max(c.shape[1] for c in chunks)
@@ -301,8 +398,9 @@ def prefill(model, prompt_ids, prompt_mask, group_size):
 
 
 def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
-    """(n, H) hidden states -> logp of targets (n,) and entropy (n,) or None, in float32."""
-    logits = head(hidden).float() / temperature  # (n, V) float32, also for a bf16 model
+    """(n, H) hidden states -> logp of targets (n,) and entropy (n,) or None, in float32 (float64 for a
+    float64 model)."""
+    logits = head(hidden).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature  # (n, V), float32 for bf16
     logp_all = torch.log_softmax(logits, dim=-1)  # (n, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     entropy = None
@@ -333,7 +431,8 @@ def head_logprobs(model, hidden, targets, positions=None, temperature=1.0, with_
                   chunk_size=CHUNK_SIZE):
     """log pi(target) (B, T) and the entropy (B, T) or None, computed only where `positions` (B, T)
     bool is True (None: everywhere) and 0 elsewhere. hidden (B, T, H) from completion_hidden,
-    targets (B, T) the completion ids. The lm_head runs on chunks of chunk_size positions, each
+    targets (B, T) the completion ids. float32 (float64 for a float64 model, so that tests can compare
+    without float32 rounding). The lm_head runs on chunks of chunk_size positions, each
     checkpointed when grad is on: only the (chunk, H) inputs are kept, never (chunk, V) logits."""
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
@@ -357,25 +456,10 @@ def head_logprobs(model, hidden, targets, positions=None, temperature=1.0, with_
             logp, entropy = _chunk_logprobs(*args)
         logps.append(logp)
         entropies.append(entropy)
-    zeros = torch.zeros((B, T), dtype=torch.float32, device=targets.device)
+    zeros = torch.zeros((B, T), dtype=torch.promote_types(hidden.dtype, torch.float32), device=targets.device)
     if not logps:  # no position asked for
         return zeros, (zeros.clone() if with_entropy else None)
     logp = zeros.masked_scatter(positions, torch.cat(logps))  # (B, T), with grad where computed
     entropy = zeros.masked_scatter(positions, torch.cat(entropies)) if with_entropy else None
     return logp, entropy
 
-
-def token_logprobs(model, input_ids, attention_mask, completion_start, temperature=1.0, with_entropy=True,
-                   chunk_size=CHUNK_SIZE, positions=None):
-    """Step 5: per-token log-probs and entropies of the completion tokens input_ids[:, completion_start:].
-
-    input_ids, attention_mask: (B, L), left-padded prompt then completion (Rollouts.input_ids /
-    .attention_mask, or a Rollouts.piece). Returns logp (B, T) and entropy (B, T) or None,
-    T = L - completion_start, float32. positions (B, T) bool: compute only there (0 elsewhere);
-    None: every position, padding included (finite but meaningless values there: the caller masks them).
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")
-    hidden = completion_hidden(model, input_ids, attention_mask, completion_start)  # (B, T, H)
-    return head_logprobs(model, hidden, input_ids[:, completion_start:], positions, temperature, with_entropy,
-                         chunk_size)

@@ -1,6 +1,10 @@
-"""rollout.py on tiny real models: group layout, masks by position, stop ids, left padding, and
-chunked log-probs / entropies against the plain full-logits computation."""
+"""rollout.py on tiny real models: group layout, masks by position, stop ids, left padding, a
+checkpoint's generation_config that must change nothing, samples that do not depend on batching,
+the sampler's and the hash's distributions, and chunked log-probs / entropies against the plain
+full-logits computation."""
+import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -175,52 +179,162 @@ def test_left_padding_and_batch_size_match_one_prompt_at_a_time(tok, model):
     assert full.texts[0::2] == full.texts[1::2] == batch.texts
 
 
-def test_generation_config_sampling_knobs_are_ignored(tok, model):
-    """Rollouts must follow softmax(logits / T) whatever generation_config.json says, since
-    token_logprobs scores them with exactly that distribution."""
+# ----------------------------------------------------------------------------- a checkpoint's generation_config
+
+def knobs(tok):
+    """What a checkpoint's generation_config.json may set that transformers turns into a logits
+    processor, a stopping criterion or another decoding mode, each to a value that would change the
+    samples (suppress tokens, force an EOS at the last position, forbid EOS for 40 tokens, penalise
+    every repeat, keep only the top token, return 2 sequences per prompt, stop after a microsecond)."""
+    t = tok.convert_tokens_to_ids
+    return dict(
+        suppress_tokens=[t("5"), t("a")], begin_suppress_tokens=[t("b")], forced_bos_token_id=t("c"),
+        forced_eos_token_id=tok.eos_token_id, bad_words_ids=[[t("d")], [t("e"), t("f")]], min_length=40,
+        min_new_tokens=8, sequence_bias=[[[t("g")], 10.0]], repetition_penalty=5.0, no_repeat_ngram_size=1,
+        exponential_decay_length_penalty=(1, 3.0), remove_invalid_values=True, renormalize_logits=True,
+        guidance_scale=1.5, watermarking_config={"greenlist_ratio": 0.25, "bias": 2.0, "context_width": 1},
+        do_sample=True, temperature=0.05, top_k=1, top_p=0.1, min_p=0.9, typical_p=0.2, epsilon_cutoff=0.2,
+        eta_cutoff=0.2, num_return_sequences=2, max_length=5, max_new_tokens=3, max_time=1e-6)
+
+
+# what knobs() makes the checkpoint's own configuration build (transformers 5.24)
+CHECKPOINT_PROCESSORS = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "MinLengthLogitsProcessor",
+    "MinNewTokensLengthLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+    "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor",
+    "SuppressTokensAtBeginLogitsProcessor", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
+    "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "WatermarkLogitsProcessor",
+    "LogitNormalization"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tok, tmp_path_factory):
+    """(clean, loaded): one set of weights, with transformers' default generation_config and loaded
+    from a folder whose generation_config.json sets every knob of knobs(), as a downloaded one would."""
+    from transformers import Qwen2ForCausalLM
+    clean = sharpen(tiny.build_model(tok, seed=0, hidden_size=32, num_layers=2))
+    ckpt = copy.deepcopy(clean)
+    ckpt.generation_config.update(**knobs(tok))
+    path = tmp_path_factory.mktemp("knobs")
+    ckpt.save_pretrained(path)
+    loaded = Qwen2ForCausalLM.from_pretrained(path)
+    assert loaded.generation_config.forced_eos_token_id == tok.eos_token_id  # precondition: saved and read back
+    return clean, loaded
+
+
+def assert_same_rollouts(a, b, entropy_atol=0.0):
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "group"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.texts == b.texts
+    if a.entropy is not None or b.entropy is not None:
+        torch.testing.assert_close(a.entropy, b.entropy, atol=entropy_atol, rtol=0)
+
+
+def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
+    """The guard against a checkpoint's knobs and against a future transformers that adds one: the exact
+    logits processors and stopping criteria that `generate` builds, recorded from inside it (the real
+    methods, called through). The checkpoint's own configuration builds 22 processors; generate_groups
+    builds ours alone (the Sampler; none for greedy; temperature and top_p for nucleus sampling) and
+    stops only at max_new_tokens or a stop id. A processor that a new transformers adds by default, or
+    fills in from the checkpoint, lands in these lists and fails this test."""
+    _, loaded = checkpoint
+    built = {"_get_logits_processor": [], "_get_stopping_criteria": []}
+    for name, calls in built.items():
+        def spy(*args, real=getattr(loaded, name), calls=calls, **kwargs):
+            out = real(*args, **kwargs)
+            calls.append([type(x).__name__ for x in out])
+            return out
+        monkeypatch.setattr(loaded, name, spy)
+
+    with warnings.catch_warnings():  # precondition: the checkpoint's configuration does shape generate
+        warnings.simplefilter("ignore")  # (transformers warns about its conflicting lengths)
+        loaded.generate(**tok(["Q:"], return_tensors="pt"))
+    assert set(built["_get_logits_processor"].pop()) == CHECKPOINT_PROCESSORS
+    assert "MaxTimeCriteria" in built["_get_stopping_criteria"].pop()
+
+    for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), []),
+                         (dict(temperature=0.7, top_p=0.9), ["TemperatureLogitsWarper", "TopPLogitsWarper"])):
+        for cache in rollout.CACHES:
+            rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, cache=cache, **kwargs)
+            calls = built["_get_logits_processor"]
+            assert len(calls) == 2 and calls == [ours, ours], (kwargs, cache)  # 8 rows, 4 per generate call
+            assert built["_get_stopping_criteria"] == [["MaxLengthCriteria", "EosTokenCriteria"]] * 2
+            for c in built.values():
+                c.clear()
+    assert loaded.generation_config.top_k == 1 and loaded.generation_config.forced_eos_token_id == tok.eos_token_id
+
+
+def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
+    """The same weights with and without every knob in generation_config.json: the same tokens, texts,
+    masks, truncation flags and recorded entropies, for training's sampler, greedy decoding and nucleus
+    sampling. With the checkpoint's knobs, max_new_tokens 12 would end every row in a forced EOS (no
+    row truncated) and never repeat a token."""
+    clean, loaded = checkpoint
+    sampled = rollout.generate_groups(clean, tok, PROMPTS, 3, 12, temperature=1.0, seed=3, record_entropy=True)
+    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 3, 12, temperature=1.0, seed=3,
+                                                 record_entropy=True), sampled)
+    assert sampled.truncated.any(), "precondition: some row runs out of tokens"
+    greedy = rollout.generate_groups(clean, tok, PROMPTS, 1, 12, temperature=0)
+    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 1, 12, temperature=0), greedy)
+    nucleus = []
+    for m in (clean, loaded):  # generate's own sampler draws from torch's generator
+        torch.manual_seed(4)
+        nucleus.append(rollout.generate_groups(m, tok, PROMPTS, 3, 12, temperature=0.7, top_p=0.9))
+    assert_same_rollouts(*nucleus)
+
+    # greedy is the argmax of the plain forward, and sampling follows softmax(logits / T) (top_k=1 or min_p=0.9
+    # would make the hot samples copies of each other)
     prompt = PROMPTS[0]
     ids = torch.tensor([encode_one(tok, prompt)])
     with torch.no_grad():  # greedy by hand: argmax of the plain forward, until the EOS
         for _ in range(10):
-            nxt = model(input_ids=ids).logits[0, -1].argmax()
+            nxt = loaded(input_ids=ids).logits[0, -1].argmax()
             ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
             if nxt == tok.eos_token_id:
                 break
     manual = ids[0, len(encode_one(tok, prompt)):].tolist()
     assert len(set(manual)) < len(manual), "precondition: the greedy answer repeats a token"
-
-    gc = model.generation_config
-    gc.repetition_penalty, gc.no_repeat_ngram_size, gc.top_k, gc.min_p, gc.do_sample = 50.0, 1, 1, 0.9, True
-    greedy = rollout.generate_groups(model, tok, [prompt], 1, 10, temperature=0)
-    assert real_tokens(greedy, 0) == manual
-    torch.manual_seed(0)
-    cold = rollout.generate_groups(model, tok, [prompt], 2, 10, temperature=1e-4)  # ~ greedy
+    assert real_tokens(rollout.generate_groups(loaded, tok, [prompt], 1, 10, temperature=0), 0) == manual
+    cold = rollout.generate_groups(loaded, tok, [prompt], 2, 10, temperature=1e-4, seed=0)  # ~ greedy
     assert real_tokens(cold, 0) == real_tokens(cold, 1) == manual
-    torch.manual_seed(0)
-    hot = rollout.generate_groups(model, tok, [prompt], 6, 10, temperature=1.0)  # top_k=1 or min_p=0.9 would give copies
+    hot = rollout.generate_groups(loaded, tok, [prompt], 6, 10, temperature=1.0, seed=0)
     assert len({tuple(real_tokens(hot, i)) for i in range(6)}) > 1
-
 
 def test_bad_arguments(tok, model):
     for kwargs in (dict(prompts=[]), dict(prompts="Q:"), dict(group_size=0), dict(max_new_tokens=0),
-                   dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0)):
+                   dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0), dict(seed="1"), dict(seed=True),
+                   dict(seed=1.0), dict(first_row=-1), dict(first_row=2.0)):
         args = dict(prompts=PROMPTS, group_size=2, max_new_tokens=4) | kwargs
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             rollout.generate_groups(model, tok, **args)
+    with pytest.raises(ValueError, match="seed=1 with top_p=0.9: nucleus sampling uses generate's own sampler"):
+        rollout.generate_groups(model, tok, PROMPTS, 2, 4, top_p=0.9, seed=1)
     ids = torch.ones(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="completion_start"):
-        rollout.token_logprobs(model, ids, ids, 0)
+        rollout.completion_hidden(model, ids, ids, 0)
     with pytest.raises(ValueError, match="temperature"):
-        rollout.token_logprobs(model, ids, ids, 2, temperature=0.0)
+        token_logprobs(model, ids, ids, 2, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(model, ids, ids, 2, chunk_size=0)
 
 
-# ----------------------------------------------------------------------------- token_logprobs
+# ----------------------------------------------------------------------------- completion_hidden + head_logprobs
+
+def token_logprobs(model, input_ids, attention_mask, start, temperature=1.0, with_entropy=True,
+                   chunk_size=rollout.CHUNK_SIZE, positions=None):
+    """Step 5 as the training loop composes it: the decoder body once, then the chunked head."""
+    hidden = rollout.completion_hidden(model, input_ids, attention_mask, start)  # (B, T, H)
+    return rollout.head_logprobs(model, hidden, input_ids[:, start:], positions, temperature, with_entropy,
+                                 chunk_size)
+
 
 def full_reference(model, input_ids, attention_mask, start, temperature):
-    """The plain computation: all (B, T, V) logits at once, same positions."""
+    """The plain computation: all (B, T, V) logits at once, same positions, in at least float32."""
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    logp_all = torch.log_softmax(logits[:, start - 1:-1].float() / temperature, dim=-1)  # (B, T, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logp_all = torch.log_softmax(logits[:, start - 1:-1] / temperature, dim=-1)  # (B, T, V)
     logp = logp_all.gather(-1, input_ids[:, start:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy.detach()
@@ -235,8 +349,13 @@ def batch(tok, model):
 
 
 def test_token_logprobs_chunked_equals_full(model, batch):
+    """Chunking the head (and checkpointing each chunk) only reorders sums, so in float64 it must match
+    the full-logits computation to float64 rounding, gradients included. (In float32 a weight gradient,
+    a sum over ~100 positions, moved by 1.07e-5 in one element of 1024 when summed chunk by chunk:
+    float32 reassociation, not an error, and no fixed float32 tolerance tells the two apart.)"""
+    model = model.double()
     r, temp = batch, 0.7
-    ids, am, start, mask = r.input_ids, r.attention_mask, r.completion_start, r.completion_mask.float()
+    ids, am, start, mask = r.input_ids, r.attention_mask, r.completion_start, r.completion_mask.double()
     T, V = ids.shape[1] - start, model.config.vocab_size
     params = [p for p in model.parameters()]
     ref_logp, ref_ent = full_reference(model, ids, am, start, temp)
@@ -245,36 +364,44 @@ def test_token_logprobs_chunked_equals_full(model, batch):
 
     for chunk in (1, 3, 7, T, T + 5):
         with torch.no_grad():
-            logp, ent = rollout.token_logprobs(model, ids, am, start, temperature=temp, chunk_size=chunk)
-        assert logp.dtype == ent.dtype == torch.float32
-        torch.testing.assert_close(logp, ref_logp.detach(), atol=1e-5, rtol=0)
-        torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+            logp, ent = token_logprobs(model, ids, am, start, temperature=temp, chunk_size=chunk)
+        assert logp.dtype == ent.dtype == torch.float64
+        torch.testing.assert_close(logp, ref_logp.detach(), atol=1e-12, rtol=0)
+        torch.testing.assert_close(ent, ref_ent, atol=1e-12, rtol=0)
         assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
-        assert (ent >= -1e-6).all() and (ent <= math.log(V) + 1e-5).all()
+        assert (ent >= -1e-12).all() and (ent <= math.log(V) + 1e-12).all()
 
-        logp, ent = rollout.token_logprobs(model, ids, am, start, temperature=temp, chunk_size=chunk)
+        logp, ent = token_logprobs(model, ids, am, start, temperature=temp, chunk_size=chunk)
         assert logp.requires_grad and not ent.requires_grad  # no gradient through H
-        torch.testing.assert_close(logp.detach(), ref_logp.detach(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(logp.detach(), ref_logp.detach(), atol=1e-12, rtol=0)
         grads = torch.autograd.grad((logp * mask).sum(), params)
         for g, rg in zip(grads, ref_grads):
-            torch.testing.assert_close(g, rg, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(g, rg, atol=1e-12, rtol=1e-10)
 
-    logp, ent = rollout.token_logprobs(model, ids, am, start, with_entropy=False, chunk_size=4)
+    logp, ent = token_logprobs(model, ids, am, start, with_entropy=False, chunk_size=4)
     assert ent is None and logp.shape == (ids.shape[0], T)
-    logp, ent = rollout.token_logprobs(model, ids, am, ids.shape[1])  # no completion tokens at all
+    logp, ent = token_logprobs(model, ids, am, ids.shape[1])  # no completion tokens at all
     assert logp.shape == ent.shape == (ids.shape[0], 0)
+    # positions: only those asked for are computed, 0 elsewhere, the same values there
+    with torch.no_grad():
+        logp, ent = token_logprobs(model, ids, am, start, temperature=temp, chunk_size=3, positions=r.completion_mask)
+    m = r.completion_mask
+    assert (logp[~m] == 0).all() and (ent[~m] == 0).all()
+    torch.testing.assert_close(logp[m], ref_logp.detach()[m], atol=1e-12, rtol=0)
+    torch.testing.assert_close(ent[m], ref_ent[m], atol=1e-12, rtol=0)
 
 
 def test_token_logprobs_left_padding_equals_unpadded(model, batch):
     r = batch
     with torch.no_grad():
-        logp, ent = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=4)
+        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=4)
+    assert logp.dtype == ent.dtype == torch.float32  # a float32 model is scored in float32
     for i in range(r.input_ids.shape[0]):
         p = r.prompt_ids[i][r.prompt_mask[i].bool()]
         c = r.completion_ids[i][r.completion_mask[i]]
         with torch.no_grad():
-            one, one_ent = rollout.token_logprobs(model, torch.cat([p, c])[None], torch.ones(1, len(p) + len(c),
-                                                  dtype=torch.long), len(p))
+            one, one_ent = token_logprobs(model, torch.cat([p, c])[None], torch.ones(1, len(p) + len(c),
+                                          dtype=torch.long), len(p))
         torch.testing.assert_close(logp[i, :len(c)], one[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(ent[i, :len(c)], one_ent[0], atol=1e-5, rtol=0)
 
@@ -292,8 +419,7 @@ def test_token_logprobs_never_saves_vocab_sized_tensors(model, batch):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, _ = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_start,
-                                         chunk_size=3)
+        logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_start, chunk_size=3)
     assert saved and not [s for s in saved if len(s) >= 3 and s[-1] == V]
     logp.sum().backward()  # and the backward still works
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
@@ -303,7 +429,7 @@ def test_token_logprobs_bf16(tok, batch):
     model = sharpen(tiny.build_model(tok, seed=0, hidden_size=32, num_layers=2)).to(torch.bfloat16)
     r = batch
     with torch.no_grad():
-        logp, ent = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=5)
+        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=5)
         ref_logp, ref_ent = full_reference(model, r.input_ids, r.attention_mask, r.completion_start, 1.0)
     assert logp.dtype == ent.dtype == torch.float32
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
@@ -333,17 +459,22 @@ def qwen_model(qtok):
 
 @requires_shared
 def test_qwen_stop_ids(qwen_tok):
-    from transformers import AutoTokenizer
     model = qwen_model(qwen_tok)
     assert rollout.stop_token_ids(model, qwen_tok) == [151643, 151645]
     # A base model (Qwen2.5-Math-7B) names only <|endoftext|>, in its generation_config and its
     # tokenizer, but our prompts are ChatML, so it ends its turn with <|im_end|>: stop there too.
-    base_tok = AutoTokenizer.from_pretrained(str(SHARED / "tokenizers" / "qwen2.5"), eos_token="<|endoftext|>")
-    assert base_tok.eos_token_id == 151643 and base_tok.chat_template
-    model.generation_config.eos_token_id = 151643
-    assert rollout.stop_token_ids(model, base_tok) == [151643, 151645]
-    base_tok.chat_template = None  # no chat template: no ChatML turns to end
-    assert rollout.stop_token_ids(model, base_tok) == [151643]
+    # (The shared tokenizer made into a base model's for this test: loading a second one costs seconds.)
+    eos, template = qwen_tok.eos_token, qwen_tok.chat_template
+    try:
+        qwen_tok.eos_token = "<|endoftext|>"
+        assert qwen_tok.eos_token_id == 151643 and qwen_tok.chat_template
+        model.generation_config.eos_token_id = 151643
+        assert rollout.stop_token_ids(model, qwen_tok) == [151643, 151645]
+        qwen_tok.chat_template = None  # no chat template: no ChatML turns to end
+        assert rollout.stop_token_ids(model, qwen_tok) == [151643]
+    finally:
+        qwen_tok.eos_token, qwen_tok.chat_template = eos, template
+    assert qwen_tok.eos_token_id == 151645
 
 
 @requires_shared
@@ -377,38 +508,116 @@ def test_qwen_completions_cut_at_either_stop_id(qwen_tok):
     assert "<|im_end|>" not in r.texts[0] and "<|endoftext|>" not in r.texts[1]
 
 
-def test_generation_caches_give_the_same_samples(tok, model):
-    """prefix (a prompt's KV cache computed once for its group), plain and static: the same tokens
-    from the same seed, and the same recorded entropy; prefix also with groups split over calls."""
-    outs = {}
-    for cache, batch_size in (("plain", None), ("prefix", None), ("static", None), ("plain", 3), ("prefix", 4)):
-        torch.manual_seed(5)
-        outs[cache, batch_size] = rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=1.0, cache=cache,
-                                                          batch_size=batch_size, record_entropy=True)
-    for key, r in outs.items():
-        # several generate calls draw random numbers in another order; prefix rounds 4 rows down to a whole group
-        ref = outs["plain", None if key[1] is None else 3]
-        assert torch.equal(r.completion_ids, ref.completion_ids), key
-        assert torch.equal(r.completion_mask, ref.completion_mask), key
-        torch.testing.assert_close(r.entropy, ref.entropy, atol=1e-5, rtol=0)
+# ----------------------------------------------------------------------------- the random numbers
+
+def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
+    """One seed, one set of samples: every batch_size and cache mode, with other random draws in between,
+    gives the same tokens, texts, masks and truncation flags; the entropies agree to float32 rounding
+    (a batch of another shape may sum the forward in another order). A batch split by hand over two
+    calls (first_row) too. Another seed gives other samples; seed=None follows torch.manual_seed."""
+    args = (tok, PROMPTS, 3, 8)
+    free = rollout.generate_groups(model, *args, seed=11)  # the random model rarely stops: make its commonest token a stop id
+    model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids.flatten().mode().values)]
+    ref = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True)
+    assert ref.truncated.any() and not ref.truncated.all(), "precondition: rows of several lengths"
+    for cache in rollout.CACHES:
+        for batch_size in (None, 1, 3, 8):
+            torch.rand(5)  # someone else draws from torch's generator in between
+            r = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True, cache=cache,
+                                        batch_size=batch_size)
+            # entropies: at most 2.6e-6 apart on this model (a few float32 ulps of values near 2.5, the
+            # logits summed in another order); another row's or another T's entropy is 1e-2 away or more
+            assert_same_rollouts(r, ref, entropy_atol=1e-5)
+    # a batch split by hand: rows 0-5 and 6-11 (the second call pads its prompts less, so compare tokens)
+    halves = [rollout.generate_groups(model, tok, PROMPTS[:2], 3, 8, seed=11),
+              rollout.generate_groups(model, tok, PROMPTS[2:], 3, 8, seed=11, first_row=6)]
+    assert [real_tokens(h, i) for h in halves for i in range(6)] == [real_tokens(ref, i) for i in range(12)]
+    assert [t for h in halves for t in h.texts] == ref.texts
+    assert torch.equal(torch.cat([h.truncated for h in halves]), ref.truncated)
+
+    other = rollout.generate_groups(model, *args, seed=12)
+    assert sum(real_tokens(other, i) != real_tokens(ref, i) for i in range(12)) >= 6
+    drawn = []
+    for batch_size in (None, 2):
+        torch.manual_seed(0)
+        drawn.append(rollout.generate_groups(model, *args, batch_size=batch_size))  # seed=None: one draw per call
+    assert_same_rollouts(*drawn)
+    torch.manual_seed(0)
+    assert_same_rollouts(drawn[0], rollout.generate_groups(model, *args, seed=rollout.draw_seed()))
     with pytest.raises(ValueError, match="cache='paged' must be one of prefix, plain, static"):
         rollout.generate_groups(model, tok, PROMPTS, 2, 4, cache="paged")
 
 
+# chi-square quantiles P(X > q) = 0.001 (scipy.stats.chi2.isf(0.001, df)): a fixed seed, so these
+# tests are deterministic; a correct sampler passes them with probability 0.999 over seeds
+CHI2_3, CHI2_99 = 16.266, 148.230
+
+
+def chi_square(counts, expected):
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 def test_sampler_draws_from_exactly_softmax_over_t():
-    """rollout.Sampler against the distribution by hand: 200,000 draws from 5 tokens at T = 0.7,
-    frequencies within 4 standard errors, a probability-0 token never drawn, and the entropy of
-    softmax(logits / T) recorded."""
+    """rollout.Sampler against the distribution by hand: 200,000 draws from 5 tokens at T = 0.7 (2,000
+    rows over 100 decode steps), a chi-square goodness-of-fit test against softmax(logits / T) that
+    the same draws fail against softmax(logits), each frequency within 4 standard errors, a
+    probability-0 token never drawn, and the entropy of softmax(logits / T) recorded."""
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -math.inf])
-    T, n = 0.7, 200_000
-    p = torch.softmax(logits / T, dim=-1)
-    torch.manual_seed(0)
-    sampler = rollout.Sampler(T)
-    out = sampler(None, logits.repeat(n, 1))
-    assert ((out == 0).sum(dim=1) == 1).all() and torch.isinf(out).sum() == n * 4  # one token per row
-    freq = torch.bincount(out.argmax(dim=1), minlength=5).double() / n
-    se = (p * (1 - p) / n).sqrt().double()
-    assert ((freq - p.double()).abs() <= 4 * se + 1e-12).all(), (freq, p)
-    assert freq[4] == 0
-    h = -(p[:4] * p[:4].log()).sum()
-    torch.testing.assert_close(sampler.entropy[0], h.expand(n), atol=1e-6, rtol=0)
+    T, rows, steps = 0.7, 2_000, 100
+    n = rows * steps
+    p = torch.softmax(logits / T, dim=-1).double()
+    sampler = rollout.Sampler(T, seed=0)
+    counts = torch.zeros(5, dtype=torch.float64)
+    for _ in range(steps):
+        out = sampler(None, logits.repeat(rows, 1))
+        assert ((out == 0).sum(dim=1) == 1).all() and torch.isinf(out).sum() == rows * 4  # one token per row
+        counts += torch.bincount(out.argmax(dim=1), minlength=5)
+    assert sampler.t == steps and len(sampler.entropy) == steps
+    assert counts[4] == 0
+    assert chi_square(counts[:4], n * p[:4]) < CHI2_3
+    assert chi_square(counts[:4], n * torch.softmax(logits, dim=-1).double()[:4]) > 100 * CHI2_3  # T matters
+    freq, se = counts / n, (p * (1 - p) / n).sqrt()
+    assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
+    h = -(p[:4] * p[:4].log()).sum().float()
+    torch.testing.assert_close(sampler.entropy[0], h.expand(rows), atol=1e-6, rtol=0)
+
+
+def splitmix64_reference(x):
+    """splitmix64's finaliser on Python's unbounded ints, masked to 64 bits: the published algorithm."""
+    mask = 2 ** 64 - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def uniform_reference(seed, row, t):
+    golden, mask = 0x9E3779B97F4A7C15, 2 ** 64 - 1
+    key = splitmix64_reference((splitmix64_reference(seed & mask) + row * golden) & mask)
+    return (splitmix64_reference((key + (t + 1) * golden) & mask) >> 11) / 2 ** 53
+
+
+def test_uniforms_are_splitmix64_uniform_and_independent():
+    """rollout.uniforms: bit for bit the published splitmix64 (the int64 tensor arithmetic wraps, and
+    its right shifts are logical), then 200,000 numbers (1,000 rows x 200 positions) uniform on [0, 1)
+    by a chi-square test on 100 bins, with no correlation between neighbouring rows, positions or seeds."""
+    # the first output of splitmix64 seeded with 0, as published (Vigna's splitmix64.c)
+    assert int(rollout.splitmix64(torch.tensor(rollout.GOLDEN))) % 2 ** 64 == 0xE220A8397B1DCDAF
+    rows = torch.tensor([0, 1, 2, 1000, 2 ** 40])
+    for seed in (0, 1, -1, 2 ** 63 - 1, 2 ** 64 + 5, 12345678901234567890):
+        for t in (0, 1, 7, 10 ** 6):
+            assert rollout.uniforms(seed, rows, t).tolist() == [uniform_reference(seed, r, t) for r in rows.tolist()]
+
+    R, T = 1_000, 200
+    u = torch.stack([rollout.uniforms(7, torch.arange(R), t) for t in range(T)], dim=1)  # (R, T)
+    assert u.dtype == torch.float64 and (u >= 0).all() and (u < 1).all()
+    counts = torch.bincount((u * 100).long().flatten(), minlength=100).double()
+    assert chi_square(counts, torch.full((100,), R * T / 100)) < CHI2_99
+    assert abs(u.mean() - 0.5) < 4 * (1 / 12 / u.numel()) ** 0.5
+
+    def corr(a, b):
+        return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
+    bound = 4 / u.numel() ** 0.5  # 4 standard errors of a correlation near 0
+    other_seed = torch.stack([rollout.uniforms(8, torch.arange(R), t) for t in range(T)], dim=1)
+    for a, b in ((u[:-1], u[1:]), (u[:, :-1], u[:, 1:]), (u[:-1, 1:], u[1:, :-1]), (u, other_seed)):
+        assert abs(corr(a, b)) < bound
+    assert corr(u[:-1], u[:-1] * 0.5 + u[1:] * 0.5) > 0.5  # the check itself sees a correlation when there is one
