@@ -1,4 +1,4 @@
-"""
+r"""
 Rewards: pull the final answer out of a completion and grade it against the reference.
 
 D3S step 2 (docs/algorithm.md): r_i in {0, 1}, 1 when the final answer in the completion equals the
@@ -24,9 +24,16 @@ group where some rollout answered correctly (the policy is pushed to finish and 
 signal (A = 0) in a group where all are wrong. A truncated rollout that did box its answer keeps it.
 
 Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, and those
-compare as exact fractions in pure Python, in microseconds. Everything else (LaTeX, expressions,
-intervals, tuples, matrices) goes through math-verify, which parses both sides into sympy and
-compares them symbolically. sympy can run for seconds or forever on a hostile input
+compare as exact fractions in pure Python, in microseconds: an integer, a decimal, a/b, \frac{a}{b}
+or a mixed number (3 1/2 = 3\frac{1}{2} = 7/2), with $, %, commas and degrees allowed, and words
+after it [ours]. A word there is dropped only when it is a unit or a noun (18 dollars, 15 cm^2,
+42 apples); a scale word multiplies (1.5 million = 1500000, 2 dozen = 24); any other word may be
+mathematics (a single letter, i, e, pi, xy, sin, theta), and then the answer is no plain number, so
+nothing mathematical is ever dropped: 2\mathrm{i}, 2 pi and 2 xy are not 2. Everything else (LaTeX,
+expressions, intervals, tuples, matrices) goes through math-verify, which parses both sides into
+sympy and compares them symbolically. Its own unit stripping is switched off (it dropped any
+trailing \text{}, single letters and "ab"); a trailing unit is dropped there by the rule above
+(8\sqrt{3}\text{ square inches} = 8\sqrt{3}). sympy can run for seconds or forever on a hostile input
 (`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs, so that path has two fences:
 cheap checks that send long, deeply nested or huge-number answers to a plain string comparison,
 and, on the main thread, a wall-clock deadline. math-verify's own timeouts use signal.alarm (whole
@@ -38,7 +45,7 @@ import signal
 import threading
 from fractions import Fraction
 
-from math_verify import parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig, parse, verify
 
 # -----------------------------------------------------------------------------
 # Limits. The grader must return within a second on any completion.
@@ -105,9 +112,15 @@ def _box_content(text, i):
     return (m.group(0), m.end() == n) if m else None
 
 
-# A number as people write one in running text: -12, 1,234.5, .5, 3/4. A minus sign counts only
-# where it cannot be subtraction (not right after a digit, letter or closing bracket).
-_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?")
+# A number as people write one in running text: -12, 1,234.5, .5, 3/4, a mixed number 3 1/2, and
+# the scale words after it (1.5 million, 2 dozen), which _as_number reads as multipliers: "the answer
+# is 1.5 million" is 1500000, not 1.5. A minus sign counts only where it cannot be subtraction (not
+# right after a digit, letter or closing bracket).
+_NUMBER = re.compile(
+    r"(?:(?<![\w)\]}])-)?"
+    r"(?:\d+[ \t]+\d+/\d+(?![\d/]|\.\d)"                                     # 3 1/2
+    r"|(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?)"  # 1,234.5, .5, 3/4
+    r"(?:[ \t]+(?i:hundred|thousand|million|billion|trillion|dozen)s?\b)*")   # 1.5 million
 _HASHES = "####"
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
@@ -139,6 +152,8 @@ def extract_answer(text, truncated=False):
     3. what follows the last "the answer is": a $...$ / \\(...\\) span right after it, else the
        first number on the rest of that line;
     4. the last number anywhere in the text.
+    A number in rules 2-4 includes a mixed number (3 1/2) and the scale words after it (1.5 million),
+    so that prose is read as a box would be.
     [ours] An empty box (`\\boxed{}`, `\\boxed{ $ $ }`: a model repeating the instruction) is skipped
     as if it were not there, so an earlier real box, or rules 2-4, still find the answer. A box that
     never closes (cut off at max_new_tokens) gives None, not an earlier box or rules 2-4: the model
@@ -190,39 +205,125 @@ def extract_answer(text, truncated=False):
 
 # Wrappers that never change a value: math mode, spacing commands, \left/\right, \displaystyle.
 _NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
-# Unit-like decorations of a number: degrees, percent, a \text{...} or \mbox{...} of words.
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
-_UNIT_TEXT = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?\d\}?)?")
-# Any other text box is unwrapped: \text{18 dollars} is "18 dollars".
+# A text box is unwrapped into its words, with a space on either side, so that `3\text{i}` reads as
+# "3 i" (a number and a letter) and `\text{18 dollars}` as "18 dollars"; what the words are worth is
+# decided word by word below. Nothing is dropped here.
 _TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
-_PLAIN = r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"
-# A plain number, optionally followed by unit words ("18 dollars", "15 cm^2"; not "5 x"), optionally after
-# "x ="; or a fraction of two integers written as a/b or \frac{a}{b} / \frac ab. An exponent belongs to
-# a unit only when a unit precedes it: "2^3" is no plain number (math-verify evaluates it to 8).
-_AS_NUMBER = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?({_PLAIN})(?:(?:\s+[A-Za-z]{{2,}})+(?:\^\d)?)?\.?")
-_AS_SLASH = re.compile(rf"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*({_PLAIN})\s*/\s*({_PLAIN})\.?")
-_AS_FRAC = re.compile(r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*\\[dt]?frac\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))\.?")
+
+# Words after a number [ours]. A plain number may be followed by words, and each word is one of:
+#   a scale word, an exact multiplier, written right after the number: 1.5 million = 1500000,
+#     2 dozen = 24, 5 million != 5. (Not "k": a single letter is as often a variable, so `5k` is no
+#     plain number and math-verify reads it as 5k.)
+#   a unit or another noun, which is dropped: 18 dollars = 18, 15 cm^2 = 15, 42 apples = 42;
+#   anything else, which may be mathematics: then the answer is no plain number and math-verify
+#     decides (2 \mathrm{i}, 2 pi and 2 xy are not 2).
+# A word counts as a unit only when it cannot be mathematics: it is a listed abbreviation
+# (_UNITS), or it has four letters or more and is no function, Greek letter, constant or
+# value-changing word (_MATH_WORDS, _FUNCTION_OF). Single letters are variables or constants (x,
+# i, e). Other words of two or three letters are ambiguous, a product of variables (xy, ab, mn) as
+# likely as a unit, and we decide conservatively: not a unit, so that the answer is not a plain
+# number and math-verify, which does not strip them either (see _EXTRACTION), decides. The cost is
+# a false negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
+_SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
+           "trillion": 10 ** 12, "dozen": 12}
+# "sec" and "min" are seconds and minutes here: right after a number, with no argument, they cannot
+# be the functions. "per" and "of" join unit words (5 miles per hour, 3 cups of flour).
+_UNITS = frozenset("mm cm dm km in ft yd mi mg kg lb lbs oz ml cl dl gal qt pt cc ms sec secs min mins "
+                   "hr hrs wk wks yr yrs mph kph kmh sq cu deg rad usd per of".split())
+_MATH_WORDS = frozenset(  # words of four letters or more that name mathematics, not a thing counted
+    "alpha beta gamma delta epsilon varepsilon zeta theta vartheta iota kappa lambda sigma upsilon "
+    "varphi omega omicron infty infinity sqrt frac cdot times sine cosine tangent "
+    "half halves third thirds quarter quarters fourth fourths fifth fifths sixth sixths seventh "
+    "sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth thousandths "
+    "millionth millionths billionth billionths squared cubed factorial".split())
+# A function name, alone or applied to one letter: sin, sinh, arcsin, sinx, cosh, logx, lnx, sqrtx.
+_FUNCTION_OF = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?[a-z]?|(?:log|ln|lg|exp|sqrt)[a-z]?")
+
+
+def _scale(word):
+    """The multiplier a scale word stands for (million: 10^6, millions too), else None."""
+    w = word.lower()
+    return _SCALES.get(w) or _SCALES.get(w[:-1] if w.endswith("s") else w)
+
+
+def _is_unit(word):
+    """True when a word after a number is a unit or a noun, to be dropped; see above."""
+    w = word.lower()
+    if _scale(w):
+        return False  # a multiplier, never dropped
+    if w in _UNITS:
+        return True
+    return len(w) >= 4 and w not in _MATH_WORDS and not _FUNCTION_OF.fullmatch(w)
+
+
+_WORD = re.compile(r"([A-Za-z]+)\.?(\s*\^\s*(?:\d|\{\s*\d\s*\}))?")  # cm, sq., cm^2, cm^{2}
+
+
+def _words_factor(words):
+    """What the words after a number multiply it by (a Fraction), or None when one may be math.
+
+    A scale word multiplies only before any unit; after one it is part of the unit ("5 dollars per
+    dozen" is 5). An exponent belongs to a unit only ("15 cm^2" is 15; "5 million^2" we do not read)."""
+    factor, seen_unit = Fraction(1), False
+    for word, power in _WORD.findall(words):
+        if _scale(word) and not seen_unit and not power:
+            factor *= _scale(word)
+        elif _is_unit(word) or (_scale(word) and seen_unit):
+            seen_unit = True
+        else:
+            return None
+    return factor
+
+
+_PLAIN = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"  # 18, 1,000, 18.50, 5., .5
+_SIGNED = r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*"  # an optional "x =", then the sign
+# Words after the number, separated by spaces (a space before the first is optional: 15cm). Two
+# words always need a space between them, so a run of letters is one word and the pattern never
+# backtracks into splitting it. An exponent belongs to a word only: "2^3" is no plain number
+# (math-verify makes it 8).
+_W = r"[A-Za-z]+\.?(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?"
+_WORDS = rf"((?:\s*{_W}(?:\s+{_W})*)?)\s*\.?"
+_FRAC = r"\\[dt]?frac\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))"
+# The forms of a plain number. In each, group 1 is the sign and the last group the words after it.
+_AS_NUMBER = re.compile(rf"{_SIGNED}({_PLAIN}){_WORDS}")                       # 18, -1,000.5
+_AS_SLASH = re.compile(rf"{_SIGNED}({_PLAIN})\s*/\s*({_PLAIN}){_WORDS}")        # 3/4, 1.5/2
+_AS_FRAC = re.compile(rf"{_SIGNED}{_FRAC.format(sign='[+-]?')}{_WORDS}")        # \frac{3}{4}, \frac34
+# [ours] A mixed number: a whole number, then a proper fraction of positive integers, with a space
+# before a/b (3 1/2) and none needed before \frac (3\frac{1}{2}, as MATH writes it). It means
+# 3 + 1/2 = 7/2, as in GSM8K's and MATH's solutions; a plain-number answer has no other reading.
+_AS_MIXED = re.compile(rf"{_SIGNED}(\d+)(?:\s+(\d+)/(\d+)|\s*{_FRAC.format(sign='')}){_WORDS}")
 
 
 def _as_number(s):
-    """(exact value as a Fraction, written with decimals) when s is a plain number (units, $, %,
-    commas and degrees allowed), else None. This is the fast path: no sympy, a few microseconds."""
+    """(exact value as a Fraction, written with decimals) when s is a plain number, else None.
+
+    A plain number: an integer, a decimal, a/b, \\frac{a}{b} or a mixed number, with $, %, commas,
+    degrees and "x =" allowed, and after it only scale words and units (see _words_factor). This is
+    the fast path: no sympy, a few microseconds."""
     if len(s) > 60:
         return None  # no plain number is this long; also keeps int() below its digit limit
     s = _NOISE.sub("", s.replace("\\$", "")).replace("{,}", ",").replace("\\%", "").replace("%", "")
-    s = _TEXT_BOX.sub(r"\1", _DEGREES.sub("", _UNIT_TEXT.sub("", s))).strip()
+    s = _TEXT_BOX.sub(r" \1 ", _DEGREES.sub("", s)).strip()
     s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
-    m = _AS_NUMBER.fullmatch(s)
-    if m:
-        return Fraction(m.group(1).replace(",", "")), _DECIMALS.search(m.group(1)) is not None
-    m = _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s)
-    if m:
-        g = [x for x in m.groups()[1:] if x is not None]
-        num, den = Fraction(g[0].replace(",", "")), Fraction(g[1].replace(",", ""))
-        if den == 0:
+    if m := _AS_MIXED.fullmatch(s):
+        whole, num, den = (int(x) for x in m.groups()[1:-1] if x is not None)
+        if not 0 < num < den:
+            return None  # "3 4/2" is no mixed number we know; math-verify decides
+        value, decimals = whole + Fraction(num, den), False
+    elif m := _AS_NUMBER.fullmatch(s):
+        value, decimals = Fraction(m[2].replace(",", "")), _DECIMALS.search(m[2]) is not None
+    elif m := _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s):
+        num, den = (x.replace(",", "") for x in m.groups()[1:-1] if x is not None)
+        if Fraction(den) == 0:
             return None
-        return (-num / den if m.group(1) == "-" else num / den), any(_DECIMALS.search(x) for x in g)
-    return None
+        value, decimals = Fraction(num) / Fraction(den), any(_DECIMALS.search(x) for x in (num, den))
+    else:
+        return None
+    factor = _words_factor(m.groups()[-1])
+    if factor is None:
+        return None
+    return (-value if m[1] == "-" else value) * factor, decimals
 
 
 _DECIMALS = re.compile(r"\.\d")  # "0.5", ".5"; not "5." (an integer with a full stop)
@@ -318,6 +419,33 @@ def _with_deadline(fn, seconds):
         signal.signal(signal.SIGALRM, old)
 
 
+# math-verify's default extraction (LaTeX, then plain expressions), with its unit stripping switched
+# off. That step removes any trailing \text{...} or \mathrm{...} whatever it says, and a list of
+# "units" that includes single letters (c, d, g, h, l, m, s, t) and "ab": it graded 2\mathrm{i},
+# 3\text{i}, 2\mathrm{e}, 2c and 2 ab equal to 2 and 3. _for_sympy drops units by our rule instead.
+_EXTRACTION = [LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
+    basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False)),
+    ExprExtractionConfig()]
+# The words at the end of an answer: a text box of words, or bare words not glued to a command or a
+# letter before them (`\pi inches`, not the "pi" of `\pi`); an exponent may follow.
+_TRAILING_WORDS = re.compile(
+    r"(?:\\(?:text|mbox|textrm|mathrm)\s*\{([A-Za-z .]*)\}|(?<![\\A-Za-z])([A-Za-z]+(?:\s+[A-Za-z]+)*))"
+    r"(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?\s*\.?\s*$")
+_ROMAN_CONSTANT = re.compile(r"\\(?:text|mathrm|textrm|mbox)\s*\{\s*([ie])\s*\}")  # \mathrm{i}, \text{e}
+
+
+def _for_sympy(s):
+    """s as math-verify should see it. The words at its end are dropped when every one is a unit by
+    _is_unit and something is left (8\\sqrt{3}\\text{ square inches} is 8\\sqrt{3}; \\text{Evelyn} and
+    2\\sqrt{2}\\text{ million} stay whole), and \\mathrm{i}, \\text{e} become the constants i and e."""
+    m = _TRAILING_WORDS.search(s)
+    if m and s[:m.start()].strip():
+        words = re.findall(r"[A-Za-z]+", m[2] if m[1] is None else m[1])
+        if all(_is_unit(w) for w in words):
+            s = s[:m.start()]
+    return _ROMAN_CONSTANT.sub(r" \1 ", s)
+
+
 _warmed_up = False
 
 
@@ -327,14 +455,15 @@ def _symbolic_equal(answer, reference):
     if not _warmed_up:
         # The first parse in a process loads the LaTeX grammar (~0.1 s); do it once outside the
         # deadline so that it is not charged to whichever answer happens to come first.
-        verify(parse("$1$", parsing_timeout=None), parse("$1$", parsing_timeout=None), timeout_seconds=None)
+        one = parse("$1$", _EXTRACTION, parsing_timeout=None)
+        verify(one, one, timeout_seconds=None)
         _warmed_up = True
 
     def run():
         # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the
         # gold side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
-        gold = parse("\\boxed{" + reference + "}", parsing_timeout=None)
-        pred = parse("\\boxed{" + answer + "}", parsing_timeout=None)
+        gold = parse("\\boxed{" + _for_sympy(reference) + "}", _EXTRACTION, parsing_timeout=None)
+        pred = parse("\\boxed{" + _for_sympy(answer) + "}", _EXTRACTION, parsing_timeout=None)
         return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
 
     return _with_deadline(run, DEADLINE_S)
@@ -381,13 +510,16 @@ def grade(text, reference, truncated=False):
     """1.0 when the final answer in the completion `text` equals `reference`, else 0.0.
 
     Plain numbers compare exactly, as fractions (1,000 = 1000.0 = $1000 = \\text{1000 dollars};
-    3/4 = 0.75; 25% = 25; 1000001 != 1000000), with a relative tolerance only where a decimal
-    stands for a fraction it cannot write exactly (0.3333333 = 1/3; see _numbers_equal).
-    Everything else goes through math-verify (\\frac12 = 0.5, 2^3 = 8, (x+1)^2 = x^2+2x+1,
-    intervals, tuples, \\text{}). truncated: the completion hit max_new_tokens without a stop token,
-    so only an explicit, finished answer counts (extract_answer). Never raises and returns within a
-    second for any completion text. A text that is not a str, a reference that is not a non-empty
-    str or number, or a truncated that is not a bool is a bug in the caller and raises ValueError.
+    3/4 = \\frac34 = 0.75; 3 1/2 = 3\\frac{1}{2} = 3.5; 25% = 25; 1.5 million = 1500000; 1000001 !=
+    1000000), with a relative tolerance only where a decimal stands for a fraction it cannot write
+    exactly (0.3333333 = 1/3; see _numbers_equal). Units and nouns after a number are dropped (42
+    apples = 42), mathematics never is (2\\mathrm{i}, 2 pi, 2 xy, 2x are not 2; see _words_factor).
+    Everything else goes through math-verify (\\sqrt{2}/2 = \\frac{\\sqrt{2}}{2}, 2^3 = 8,
+    (x+1)^2 = x^2+2x+1, intervals, tuples, \\text{}). truncated: the completion hit max_new_tokens
+    without a stop token, so only an explicit, finished answer counts (extract_answer). Never raises
+    and returns within a second for any completion text. A text that is not a str, a reference
+    that is not a non-empty str or number, or a truncated that is not a bool is a bug in the caller
+    and raises ValueError.
     """
     return _judge(text, _check_reference(reference), truncated)[0]
 

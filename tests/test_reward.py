@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -259,6 +260,118 @@ def test_case_table_is_large_enough():
     assert len(RIGHT) + len(WRONG) >= 50
 
 
+# -----------------------------------------------------------------------------
+# Words after a number (issue 20): units are dropped, mathematics never is, scale words multiply,
+# mixed numbers add. Each row: (answer, reference, verdict). The rows marked "was 1" / "was 0" got
+# the other verdict before: the old shortcut removed any \text{}/\mathrm{} and any trailing words
+# of two letters or more, and math-verify's own unit stripping removed single letters and "ab".
+
+UNITS = [
+    # the issue's cases
+    (r"2\mathrm{i}", "2", 0.0),                  # was 1: i is the imaginary unit
+    (r"3\text{i}", "3", 0.0),                    # was 1
+    (r"2\mathrm{e}", "2", 0.0),                  # was 1: e is Euler's number
+    ("2 pi", "2", 0.0),                          # was 1
+    ("2 xy", "2", 0.0),                          # was 1: a product of variables
+    ("5 million", "5", 0.0),                     # was 1: a scale word multiplies
+    (r"1.5 \text{ million}", "1500000", 1.0),    # was 0
+    ("3 1/2", "3.5", 1.0),                       # was 0: a mixed number
+    # more of the same kind
+    ("2 ab", "2", 0.0),                          # was 1: short words are not units unless listed
+    ("2 theta", "2", 0.0),                       # was 1: a Greek letter spelled out
+    ("2 sin", "2", 0.0),                         # was 1: a function name
+    ("2 log", "2", 0.0),                         # was 1
+    ("2 sinx", "2", 0.0),                        # was 1: a function applied to a letter
+    ("2c", "2", 0.0),                            # was 1: math-verify dropped "c" as a unit
+    (r"2 \text{ e}", "2", 0.0),                  # was 1
+    (r"3 \mathrm{i}", "3", 0.0),                 # was 1
+    ("5 squared", "5", 0.0),                     # was 1: words that change the value
+    ("5 thousandths", "5", 0.0),                 # was 1
+    ("3 quarters", "3", 0.0),                    # was 1
+    ("2 dozen", "2", 0.0),                       # was 1
+    ("5 million^2", "5", 0.0),                   # was 1: an exponent belongs to a unit only
+    (r"2 \text{ hours and } 30 \text{ minutes}", "2", 0.0),  # was 1: "and 30" is no unit
+    (r"5 \text{ m}", "5", 0.0),                  # was 1 [ours]: a single letter is never a unit, not
+                                                 #   even m for meters: it is as likely a variable
+    (r"7 \text{ pm}", "7", 0.0),                 # was 1 [ours]: an unlisted two-letter word decides
+                                                 #   nothing in the fast path; math-verify says no
+    ("2 dozen", "24", 1.0),                      # was 0
+    ("3 hundred thousand", "300000", 1.0),       # was 0
+    (r"5 \text{ million}", "5000000", 1.0),      # was 0
+    (r"\$1.5 \text{ million}", "1,500,000", 1.0),  # was 0
+    ("2 Millions", "2000000", 1.0),              # was 0
+    (r"0.3333333 \text{ million}", r"\frac{1000000}{3}", 1.0),  # was 0: the decimal is a rounding
+    (r"-3 1/2", "-3.5", 1.0),                    # was 0
+    (r"x = 3 1/2", "7/2", 1.0),                  # was 0
+    (r"8\sqrt{3}", r"8\sqrt{3} \text { square inches}", 1.0),  # was 0: a MATH reference with a unit
+    (r"2 \sqrt{2} \text{ million}", r"2\sqrt{2}", 0.0),  # was 1: a scale word is never dropped
+    # kept as they were
+    (r"3\frac{1}{2}", "3.5", 1.0),               # MATH writes mixed numbers so
+    (r"-3\frac{1}{2}", "-3.5", 1.0),
+    (r"2 \frac{1}{2} \text{ cups}", "2.5", 1.0),
+    (r"1\frac{4}{5}", "1.8", 1.0),
+    (r"2\frac{1}{2}", "1", 0.0),                 # a mixed number, not 2 times 1/2
+    ("3 4/2", "5", 0.0),                         # no proper fraction: no mixed number we read
+    (r"\text{18 dollars}", "18", 1.0),           # units and nouns are dropped
+    ("42 apples", "42", 1.0),
+    (r"2 \mathrm{cm}", "2", 1.0),
+    (r"4 \text{ km}^2", "4", 1.0),
+    ("15cm", "15", 1.0),
+    (r"5 \text{ sq. ft.}", "5", 1.0),
+    (r"5 \text{ miles per hour}", "5", 1.0),
+    ("5 dollars per dozen", "5", 1.0),           # after a unit, a scale word is part of the unit
+    (r"25 \text{ percent}", "25", 1.0),          # as 25\% = 25
+    (r"10\%", "10", 1.0),
+    (r"99\pi", r"99\pi \text{ square inches}", 1.0),
+    (r"10\sqrt{2}\text{ cm}", r"10\sqrt{2}", 1.0),
+    (r"2+3\mathrm{i}", "2+3i", 1.0),             # \mathrm{i} is i
+    (r"2\mathrm{i}", "2i", 1.0),
+    (r"2\sqrt{2}", "2", 0.0),                    # commands are never dropped
+    (r"2 \pi", "2", 0.0),
+    ("2x", "2", 0.0),
+    ("2 i", "2", 0.0),
+    (r"3 \text{ and } 4", "3", 0.0),
+    (r"5 \text{ or } 6", "5", 0.0),
+    ("5k", "5000", 0.0),                         # [ours] k is a letter, so no scale word
+]
+
+
+@pytest.mark.parametrize("answer, reference, expected", UNITS)
+def test_words_after_a_number(answer, reference, expected):
+    assert grade(f"\\boxed{{{answer}}}", reference) == expected
+    assert grade(f"\\boxed{{{reference}}}", answer) == expected  # the same the other way round
+    assert score([f"So the answer is \\boxed{{{answer}}}."], [reference])[0] == [expected]
+
+
+@pytest.mark.parametrize("text, reference, expected", [
+    ("The answer is 1.5 million.", "1500000", 1.0),         # was 0: the number was 1.5
+    ("The answer is 1.5 million.", "1.5", 0.0),             # was 1
+    ("#### 2 dozen\n", "24", 1.0),                          # was 0
+    ("The answer is 3 1/2 cups.", "3.5", 1.0),              # was 0: the number was 3
+    ("The answer is 3 1/2 cups.", "3", 0.0),                # was 1
+    ("so she ran 3 1/2", "1/2", 0.0),                       # was 1: the last number was 1/2
+    ("so she ran 3 1/2", "3.5", 1.0),
+    ("so she ran 3\n1/2", "1/2", 1.0),                      # a line break parts two numbers
+    ("3 1/2.5", "1/2.5", 0.0),                              # no mixed number: a decimal follows
+    ("from 5 to 2 hundredths", "2", 1.0),                   # not a scale word
+])
+def test_words_after_a_number_in_running_text(text, reference, expected):
+    # extract_answer reads the same scale words and mixed numbers as the fast path, so an answer in
+    # prose is graded as the same answer in a box
+    assert grade(text, reference) == expected
+
+
+def test_scale_words_and_mixed_numbers_are_exact():
+    # Fraction arithmetic, no float: 1.5 million is 1500000 exactly, one more is not equal
+    assert reward._as_number(r"1.5 \text{ million}") == (1500000, True)
+    assert reward._as_number("3 1/2") == reward._as_number(r"3\frac{1}{2}") == (Fraction(7, 2), False)
+    assert reward._as_number("-3 1/2") == (Fraction(-7, 2), False)
+    assert reward._as_number("1.2 trillion dollars") == (1_200_000_000_000, True)
+    assert grade(r"\boxed{1.5 million}", "1500001") == 0.0
+    for not_plain in [r"2\mathrm{i}", "2 pi", "2 xy", r"5 \text{ m}", "2 sin", "5 million^2", "3 4/2"]:
+        assert reward._as_number(not_plain) is None, not_plain  # math-verify decides these
+
+
 def test_bad_reference_raises_one_line_value_error():
     for bad in [None, "", "   ", ["18"], True]:
         with pytest.raises(ValueError, match="reference") as e:
@@ -295,7 +408,10 @@ def test_numbers_never_reach_math_verify(monkeypatch):
     monkeypatch.setattr(reward, "_symbolic_equal", forbidden)
     text = "Janet sells 16 - 3 - 4 = 9 eggs and makes 9 * 2 = $18. The answer is \\boxed{18}."
     for completion, reference, expected in [(text, "18", 1.0), (text, "19", 0.0), ("#### 1,080", "1080", 1.0),
-                                            ("\\boxed{3/4}", "0.75", 1.0), ("\\boxed{25\\%}", "25", 1.0)]:
+                                            ("\\boxed{3/4}", "0.75", 1.0), ("\\boxed{25\\%}", "25", 1.0),
+                                            ("\\boxed{1.5 \\text{ million}}", "1500000", 1.0),
+                                            ("\\boxed{5 million}", "5", 0.0), ("\\boxed{42 apples}", "42", 1.0),
+                                            ("\\boxed{3 1/2}", "3.5", 1.0), ("\\boxed{3\\frac{1}{2}}", "3.5", 1.0)]:
         assert grade(completion, reference) == expected
 
 
