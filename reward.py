@@ -453,10 +453,11 @@ def _symbolic_equal(answer, reference):
     """math-verify's verdict on two LaTeX answers, within DEADLINE_S on the main thread."""
     global _warmed_up
     if not _warmed_up:
-        # The first parse in a process loads the LaTeX grammar (~0.1 s); do it once outside the
-        # deadline so that it is not charged to whichever answer happens to come first.
-        one = parse("$1$", _EXTRACTION, parsing_timeout=None)
-        verify(one, one, timeout_seconds=None)
+        # The first comparison in a process loads the LaTeX grammar (~0.1 s) and sympy's
+        # simplification machinery (~0.3 s, over 0.5 s on a busy machine); do one outside the
+        # deadline so that it is not charged to whichever answer comes first, which would time out.
+        gold = parse("$(a+1)^2$", _EXTRACTION, parsing_timeout=None)
+        verify(gold, parse("$a^2+2a+1$", _EXTRACTION, parsing_timeout=None), timeout_seconds=None)
         _warmed_up = True
 
     def run():
@@ -517,7 +518,8 @@ def grade(text, reference, truncated=False):
     Everything else goes through math-verify (\\sqrt{2}/2 = \\frac{\\sqrt{2}}{2}, 2^3 = 8,
     (x+1)^2 = x^2+2x+1, intervals, tuples, \\text{}). truncated: the completion hit max_new_tokens
     without a stop token, so only an explicit, finished answer counts (extract_answer). Never raises
-    and returns within a second for any completion text. A text that is not a str, a reference
+    and returns within a second for any completion text (the first math-verify comparison in a
+    process adds a one-time warm-up of about 0.3 s). A text that is not a str, a reference
     that is not a non-empty str or number, or a truncated that is not a bool is a bug in the caller
     and raises ValueError.
     """

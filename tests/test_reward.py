@@ -439,8 +439,16 @@ ADVERSARIAL = {
 }
 
 
+@pytest.fixture
+def warm():
+    """The timed tests measure the grader as it runs in training: after the one-time warm-up of the
+    first math-verify comparison in a process (~0.3 s, outside the deadline), which run alone they
+    would otherwise pay inside their one-second window."""
+    reward._symbolic_equal("x^2", "x^2")
+
+
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
-def test_adversarial_returns_zero_within_a_second(name):
+def test_adversarial_returns_zero_within_a_second(name, warm):
     t0 = time.perf_counter()
     reward = grade(ADVERSARIAL[name], "3")
     assert reward == 0.0
@@ -448,7 +456,7 @@ def test_adversarial_returns_zero_within_a_second(name):
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # our deadline handler is gone
 
 
-def test_deadline_counts_timeouts():
+def test_deadline_counts_timeouts(warm):
     # Unfenced, sympy needs seconds to tell these apart; the main-thread deadline stops it.
     t0 = time.perf_counter()
     rewards, stats = score([r"\boxed{(x+y+z)^{40}}"], ["(x+y+z+1)^{40}"])
@@ -472,7 +480,7 @@ def test_deadline_leaves_a_running_timer_alone():
         signal.signal(signal.SIGALRM, old)
 
 
-def test_grade_off_the_main_thread():
+def test_grade_off_the_main_thread(warm):
     # math-verify's own timeouts use signal.alarm and raise in a worker thread; ours must not.
     cases = [(r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0), (r"\boxed{\frac12}", "0.5", 1.0),
              (r"\boxed{[1,2)}", "[1,2]", 0.0), (r"\boxed{18}", "18", 1.0),
