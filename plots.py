@@ -193,22 +193,25 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     }
 
 
-# What each mode keeps, in words for the page (docs/algorithm.md has the exact rules).
+# What each level keeps under each mode, in words for the page (docs/algorithm.md has the exact rules).
 SAMPLE_RULES = {
-    "none": "Every rollout is kept: no sample selection.",
-    "cross": "Sample selection keeps the share ρs of the step's rollouts whose advantages have the largest "
-             "variance, pooled over the batch; groups with A = 0 (all right or all wrong) are the first dropped.",
-    "intra": "Sample selection keeps, inside each group, the rollouts whose advantages have the largest variance.",
-    "pods": "PODS keeps, inside each group, the rollouts whose rewards have the largest variance, and "
-            "re-normalises their advantages (the A shown is the full group's).",
-    "random": "Sample selection keeps the share ρs of the rollouts at random (a control).",
+    "none": "every rollout (no sample selection).",
+    "cross": "the share ρs of the step's rollouts whose advantages have the largest variance, pooled over the "
+             "batch. Such a set is always some of the batch's largest A and the rest of its smallest, so a group "
+             "may keep only its wrong (or only its right) rollouts, and groups with A = 0 (all right or all wrong) "
+             "are the first dropped. A dropped rollout never reaches the model again.",
+    "intra": "inside each group, the rollouts whose advantages have the largest variance. A dropped rollout never "
+             "reaches the model again.",
+    "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their advantages are "
+            "re-normalised, and the A shown is the full group's. A dropped rollout never reaches the model again.",
+    "random": "the share ρs of the step's rollouts, at random (a control).",
 }
 TOKEN_RULES = {
-    "none": "Every token of a kept rollout is trained: no token selection, so nothing is scored or shaded.",
-    "adv_entropy": "Token selection trains the share ρt of the kept rollouts' tokens with the highest "
-                   "score |A|·H (advantage times entropy), pooled over the step.",
-    "entropy": "Token selection trains the share ρt of the kept rollouts' tokens with the highest entropy H "
-               "(the 80/20 rule), pooled over the step.",
+    "none": "every token of a kept rollout (no token selection): nothing is scored or shaded.",
+    "adv_entropy": "the share ρt of the kept rollouts' tokens with the highest score |A|·H (advantage times "
+                   "entropy), pooled over the step.",
+    "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 rule), pooled "
+               "over the step.",
 }
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
@@ -232,15 +235,15 @@ nav,.rule,.legend{margin:4px 0;font-size:13px}
 .q,td.toks{font-family:ui-monospace,Menlo,Consolas,"DejaVu Sans Mono",monospace}
 .q{white-space:pre-wrap;background:#f4f4f4;padding:4px 8px;margin:0 0 6px;font-size:13px}
 table{border-collapse:collapse;width:100%}
-td{padding:3px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:nowrap;font-size:13px}
+td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:nowrap;font-size:13px}
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.toks{white-space:normal;width:100%;line-height:1.5}
+td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:1.4}
 tr.dropped td{color:#a8a8a8}
 tr.kept td:nth-child(3){font-weight:bold}
 u{text-decoration:none;margin-right:1px;padding:1px 0}
 tr.dropped u{background:#f2f2f2}
-u[class^=d]{color:#707070}
+u[class^=d]{color:#5f5f5f}
 u[class^=k]{color:#000;font-weight:bold;box-shadow:inset 0 -3px VERMILLION}
 .all u[class^=k]{font-weight:normal;box-shadow:inset 0 -1px VERMILLION}
 i{font-style:normal;color:#aaa}
@@ -248,7 +251,7 @@ i{font-style:normal;color:#aaa}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
 """.replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE)
 # the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7 the highest
-CSS += "".join(f".k{b},.d{b}{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},{0.06 + 0.5 * b / (BINS - 1):.2f})}}\n"
+CSS += "".join(f".k{b},.d{b}{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n"
                for b in range(BINS))
 
 WHITESPACE = {" ": "·", "\t": "→", "\n": "↵"}  # shown faint; a newline is also a real line break
@@ -298,9 +301,9 @@ def _rollout_row(r, record):
     cells = [_token(text, t, s, edges, text in specials) for text, t, s in zip(r["tokens"], trained, scores)]
     count = f"{sum(r['trained'])}/{n}" if r["kept"] else "–"
     status = ("kept" if r["kept"] else "dropped") + (", truncated" if r["truncated"] else "")
-    reward = f"{r['reward']:g}"
+    reward, adv = f"{r['reward']:g}", f"{r['adv']:+.2f}" if r["adv"] else "0"  # A = 0: no sign to read
     return (f'<tr class="{"kept" if r["kept"] else "dropped"}" data-row="{r["row"]}"><td class="num">{reward}</td>'
-            f'<td class="num">{r["adv"]:+.2f}</td><td>{status}</td><td class="num">{count}</td>'
+            f'<td class="num">{adv}</td><td>{status}</td><td class="num">{count}</td>'
             f'<td class="toks">{"".join(cells)}</td></tr>')
 
 
@@ -313,8 +316,7 @@ def selection_html(record, links=()):
     parts = [f"<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
              f"<title>step {record['step']}: what {e(name)} keeps</title><style>{CSS}</style></head>"
              + ('<body class="all">' if token == "none" else "<body>"),  # every token trained: a quieter mark
-             f"<h1>Step {record['step']}: what {e(name)} keeps "
-             f"<small>(sample {e(str(sample))}, token {e(str(token))})</small></h1>"]
+             f"<h1>Step {record['step']}: what {e(name)} keeps</h1>"]
     if links:
         parts.append("<nav>steps: " + " · ".join(f'<a href="{e(h)}">{e(str(t))}</a>' for t, h in links) + "</nav>")
     generated = f" of {st['valid_all']}" if isinstance(st.get("valid_all"), int) else ""
@@ -334,14 +336,16 @@ def selection_html(record, links=()):
         parts.append('<p class="rule"><b>This method keeps every rollout and trains every token of each</b>: all are '
                      'kept and marked trained, nothing is greyed, and nothing is scored.</p>')
     else:
-        dropped = "" if sample == "none" else " A dropped rollout never reaches the model again."
-        parts.append(f'<p class="rule">{e(SAMPLE_RULES.get(sample, ""))}{dropped} {e(TOKEN_RULES.get(token, ""))}</p>')
+        parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
+                     f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token selection, {e(str(token))}): '
+                     f'{e(TOKEN_RULES.get(token, "?"))}</p>')
 
-    # the legend, one line: each mark as it appears in the rows below
-    shade = (5, 2) if record["score"] else ("", "")  # the legend's samples look like the tokens below
-    legend = [f"<u class=k{shade[0]}>trained</u> token", f"<u class=d{shade[1]}>not trained</u>",
-              '<span class="gone">dropped rollout</span>',
-              "<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
+    # the legend, one line: each mark that can appear in the rows below, as it appears there
+    shade = (5, 2) if record["score"] else ("", "")
+    legend = [f"<u class=k{shade[0]}>trained</u> token"]
+    legend += [] if token == "none" else [f"<u class=d{shade[1]}>not trained</u>"]
+    legend += [] if sample == "none" else ['<span class="gone">dropped rollout</span>']
+    legend += ["<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
     if record["score"] and record["score_cut"] is not None:
         shades = "".join(f"<u class=d{b}>&nbsp;</u>" for b in range(BINS))
         legend.insert(2, f"score {e(record['score'])}: low {shades} high (by eighths; trained from "

@@ -259,6 +259,10 @@ def test_pick_groups_rule():
     assert plots.pick_groups([wrong, mixed, right], 1) == [(1, "mixed")]
 
 
+def test_every_mode_has_its_words():
+    assert set(plots.SAMPLE_RULES) == set(d3s.SAMPLE_MODES) and set(plots.TOKEN_RULES) == set(d3s.TOKEN_MODES)
+
+
 def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, capsys):
     record = d3s_step[-1]
     run = tmp_path / "run"
@@ -313,6 +317,7 @@ def test_page_stays_small_for_a_real_model_step(tokenizer):
     stats["step"] = 100
     record = plots.selection_record(tokenizer, rollouts, ["q"] * 4, ["a"] * 4, rewards, adv, idx, token_mask, scores,
                                     stats)
+    assert record["score"] == "H"  # the 80/20 method scores by entropy alone
     page = plots.selection_html(record)
     size_json = len(json.dumps(record, separators=(",", ":")).encode())
     assert sum(len(r["tokens"]) for g in record["groups"] for r in g["rollouts"]) == 4 * 8 * 512
