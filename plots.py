@@ -234,7 +234,10 @@ nav,.rule,.legend{margin:4px 0;font-size:13px}
 .group{border-top:1px solid #ccc;margin-top:12px;padding-top:8px}
 .q,td.toks{font-family:ui-monospace,Menlo,Consolas,"DejaVu Sans Mono",monospace}
 .q{white-space:pre-wrap;background:#f4f4f4;padding:4px 8px;margin:0 0 6px;font-size:13px}
-table{border-collapse:collapse;width:100%}
+table{border-collapse:collapse;width:100%;table-layout:fixed}
+th:nth-child(-n+2){width:46px}
+th:nth-child(3){width:72px}
+th:nth-child(4){width:64px}
 td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:nowrap;font-size:13px}
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -300,7 +303,7 @@ def _rollout_row(r, record):
     trained, scores = r["trained"] or [None] * n, r["scores"] or [None] * n  # None: dropped, or nothing scored
     cells = [_token(text, t, s, edges, text in specials) for text, t, s in zip(r["tokens"], trained, scores)]
     count = f"{sum(r['trained'])}/{n}" if r["kept"] else "–"
-    status = ("kept" if r["kept"] else "dropped") + (", truncated" if r["truncated"] else "")
+    status = ("kept" if r["kept"] else "dropped") + ("<br><small>truncated</small>" if r["truncated"] else "")
     reward, adv = f"{r['reward']:g}", f"{r['adv']:+.2f}" if r["adv"] else "0"  # A = 0: no sign to read
     return (f'<tr class="{"kept" if r["kept"] else "dropped"}" data-row="{r["row"]}"><td class="num">{reward}</td>'
             f'<td class="num">{adv}</td><td>{status}</td><td class="num">{count}</td>'
@@ -318,7 +321,8 @@ def selection_html(record, links=()):
              + ('<body class="all">' if token == "none" else "<body>"),  # every token trained: a quieter mark
              f"<h1>Step {record['step']}: what {e(name)} keeps</h1>"]
     if links:
-        parts.append("<nav>steps: " + " · ".join(f'<a href="{e(h)}">{e(str(t))}</a>' for t, h in links) + "</nav>")
+        nav = [f"<b>{t}</b>" if t == record["step"] else f'<a href="{e(h)}">{e(str(t))}</a>' for t, h in links]
+        parts.append("<nav>steps: " + " · ".join(nav) + "</nav>")  # this page's step in bold, not a link
     generated = f" of {st['valid_all']}" if isinstance(st.get("valid_all"), int) else ""
     zero_var = f"{100 * st['zero_var']:.0f}%" if isinstance(st.get("zero_var"), (int, float)) else "?"
     cards = [("ρs · ρt", f"{_stat(st, 'rho_s', '.2f')} · {_stat(st, 'rho_t', '.2f')}", "keep ratios applied"),

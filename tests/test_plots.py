@@ -278,6 +278,7 @@ def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, cap
     pages = {p: (run / p).read_bytes() for p in ["selection.html", "selection/step_000003.html",
                                                   "selection/step_000007.html"]}
     assert b'href="selection/step_000003.html"' in pages["selection.html"] and b"Step 7:" in pages["selection.html"]
+    assert b"steps: <a " in pages["selection.html"] and b" \xc2\xb7 <b>7</b></nav>" in pages["selection.html"]
     assert b'href="../selection.html"' in pages["selection/step_000003.html"]
     for p in pages:
         (run / p).unlink()
