@@ -9,11 +9,14 @@ selection raises it); the mean entropy of the sampling distribution; the gradien
 clipping; and, with several updates per batch, the share of clipped tokens.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
-rollout and token by token. For a few groups of the step just trained, each rollout with its reward
-and advantage, whether sample selection kept it, and its tokens, shaded by their score (|A|*H for
-D3S) with the tokens that token selection kept underlined. The page is one self-contained file
-(inline CSS, no script, no network), rebuilt from RUN/selection/step_NNNNNN.json, a small record of
-only the groups shown; only the step before an evaluation is recorded, so other steps cost nothing.
+rollout and token by token, the picture of what D3S keeps. For a few groups of the step just
+trained (pick_groups), each rollout with its reward and advantage A, whether sample selection kept
+it, and its tokens as the tokenizer decodes them one by one: in a kept rollout each token is shaded
+blue by its score (|A|*H for D3S, by eighths of the step's scores) and the tokens token selection
+kept are bold and underlined in vermillion; tokens not trained and dropped rollouts are grey. The
+page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
+RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
+before an evaluation, so the other steps cost nothing.
 """
 import bisect
 import glob
@@ -130,7 +133,7 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     the method does no token selection. stats: the step's log row (step, method, rho_s, rho_t, ...).
     Tokens are decoded one id at a time, special tokens included: that is what the model saw.
     """
-    ids, mask = rollouts.completion_ids.cpu(), rollouts.completion_mask.cpu()  # (B, T)
+    ids, mask, truncated = rollouts.completion_ids.cpu(), rollouts.completion_mask.cpu(), rollouts.truncated.cpu()
     B, P = ids.shape[0], len(questions)
     if P == 0 or B % P or len(answers) != P:
         raise ValueError(f"selection_record: {B} rollouts, {P} questions and {len(answers)} answers; "
@@ -177,7 +180,7 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
             n = kept_at.get(b)
             rows.append({
                 "row": b, "reward": round(rewards[b].item(), 4), "adv": round(adv[b].item(), 4), "kept": n is not None,
-                "truncated": bool(rollouts.truncated[b]), "tokens": tokens,
+                "truncated": bool(truncated[b]), "tokens": tokens,
                 "trained": None if n is None else [int(t) for t in token_mask[n, cols].tolist()],
                 "scores": None if n is None or scores is None else [_sig(s) for s in scores[n, cols].tolist()],
             })
