@@ -28,7 +28,9 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
 Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer, reference,
 correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl), and the table
 as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and generated in
-batches; on a CUDA out-of-memory error the batch is halved and retried.
+batches; on a CUDA out-of-memory error the batch is halved and retried. Sampling is seeded per
+benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size or on a halving
+(rollout.py draws each row's random numbers from the seed, the row and the position alone).
 """
 import argparse
 import json
@@ -42,7 +44,7 @@ from tqdm import tqdm
 
 import data
 from reward import extract_answer, grade
-from rollout import generate_groups
+from rollout import draw_seed, generate_groups
 
 # Every benchmark data.py knows with a test split. [ours] "math" is left out: its test split is
 # MATH-500 itself, already in the list as "math500".
@@ -76,9 +78,13 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
              progress=False, desc="eval", seed=None):
     """Generate n completions for each problem ({"prompt", "answer"} rows of data.py), grade them.
 
-    batch_size: completions per `generate` call (halved on CUDA out-of-memory). seed: if given,
-    sampling draws from a fresh torch generator state seeded with it (the caller's RNG is left as
-    it was), so a run reproduces. Returns a dict with problems, generations, n, temperature,
+    batch_size: completions per `generate` call (halved on CUDA out-of-memory).
+    seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed gives
+    the same samples whatever batch_size, an out-of-memory halving or other random draws, and torch's
+    generator is not touched; seed=None draws one seed from torch's generator for
+    the whole evaluation. With top_p < 1, generate's own sampler draws from torch's generator: the
+    seed seeds a forked generator state (the caller's RNG is left as it was), so a run reproduces at
+    the same batch_size. Returns a dict with problems, generations, n, temperature,
     metric, accuracy, pass@j for j in pass_ks(n), no_answer, mean_length, truncated, seconds,
     and records (one dict per generation, in problem order; see the module docstring).
     The model's train/eval mode is restored (generate_groups switches to eval for generating).
@@ -103,15 +109,21 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     device = next(model.parameters()).device
     devices = [device.index or 0] if device.type == "cuda" else []
     records = [None] * (len(problems) * n)
+    own_sampler = temperature > 0 and top_p == 1
+    if own_sampler and seed is None:
+        seed = draw_seed()  # one for the whole evaluation, so that batching changes no sample
+    nucleus = temperature > 0 and top_p < 1 and seed is not None  # generate's own sampler: torch's generator
     bar = tqdm(total=len(problems), desc=desc, unit="problem", disable=not progress, dynamic_ncols=True)
-    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
-        if seed is not None:
+    with torch.random.fork_rng(devices=devices, enabled=nucleus):
+        if nucleus:
             torch.manual_seed(seed)
         done = 0
         while done < len(order):
             chunk = order[done:done + max(1, batch_size // n)]  # problems in this batch
+            # rows are numbered over the whole evaluation (longest prompt first, n per problem), so each
+            # sample's random numbers are the same whatever the batch: first_row = done * n
             rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n, max_new_tokens,
-                                          temperature, top_p, batch_size)
+                                          temperature, top_p, batch_size, seed if own_sampler else None, done * n)
             if rollouts is None:  # out of memory: retry this chunk with half the batch
                 batch_size //= 2
                 tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}", file=sys.stderr)
@@ -132,11 +144,12 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     return {**summarize(records, n), "temperature": temperature, "seconds": time.time() - t0, "records": records}
 
 
-def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size):
+def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size, seed,
+                       first_row):
     """generate_groups, or None after a CUDA out-of-memory error when the batch can still be halved."""
     try:
         return generate_groups(model, tokenizer, prompts, n, max_new_tokens, temperature=temperature,
-                               top_p=top_p, batch_size=batch_size)
+                               top_p=top_p, batch_size=batch_size, seed=seed, first_row=first_row)
     except torch.OutOfMemoryError:
         if batch_size == 1:
             raise
