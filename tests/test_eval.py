@@ -1,5 +1,6 @@
 """eval.py: the pass@j estimator against brute force, evaluate() against grading by hand, and the
-command line end to end on the tiny world's warmed-up model."""
+command line end to end on the tiny world's warmed-up model (in-process: main(argv); one real process
+for the exit status)."""
 import itertools
 import json
 import math
@@ -109,8 +110,9 @@ def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
 
 def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_model):
     """A seed gives the same samples at any batch size (rollout.Sampler: 32 completions in one generate
-    call, or 4, one problem, per call) without touching torch's generator; seed=None follows
-    torch.manual_seed (one seed for the whole evaluation: 32 or 8 per call, the same samples); top_p < 1 (generate's own sampler) reproduces from a forked generator state."""
+    call, or 12, three problems, per call) without touching torch's generator; seed=None follows
+    torch.manual_seed (one seed for the whole evaluation, so again any batch size); top_p < 1
+    (generate's own sampler) reproduces from a forked generator state."""
     model, tokenizer = tiny_model
     problems = tiny.problems("test", limit=8)
 
@@ -119,13 +121,13 @@ def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_
         return res, [r["completion"] for r in res["records"]]
 
     state = torch.random.get_rng_state()
-    runs = [completions(batch_size=b, seed=1) for b in (32, 4)]
+    runs = [completions(batch_size=b, seed=1) for b in (32, 12)]
     nucleus = [completions(batch_size=32, seed=1, top_p=0.9)[1] for _ in range(2)]
     assert torch.equal(torch.random.get_rng_state(), state)
     assert runs[0][1] == runs[1][1]
     assert nucleus[0] == nucleus[1] and len(set(nucleus[0])) > 8
     unseeded = []
-    for b in (32, 8):
+    for b in (32, 12):
         torch.manual_seed(0)
         unseeded.append(completions(batch_size=b)[1])
     assert unseeded[0] == unseeded[1] != runs[0][1]
@@ -259,8 +261,10 @@ def test_cli_unparsable_flag_is_argparse_exit_2(capsys):
 
 def test_cli_bad_input_as_a_process(tmp_path):
     """The one real `python eval.py` process: what only a process shows is its exit status and that
-    nothing else reaches stderr (no traceback, no warning from an import) around the one-line error."""
-    proc = subprocess.run([sys.executable, "eval.py", "--model", "gpt2", "--out", str(tmp_path / "x.jsonl")],
+    nothing else reaches stderr (no traceback, no warning from an import) around the one-line error.
+    --n 0 fails in run(), before the data and the model are loaded (the messages of every bad input
+    are checked in-process above)."""
+    proc = subprocess.run([sys.executable, "eval.py", "--n", "0", "--out", str(tmp_path / "x.jsonl")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: model 'gpt2'") and proc.stderr.count("\n") == 1
+    assert proc.stderr == "error: --n=0 must be >= 1 (completions per problem)\n"
