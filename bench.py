@@ -5,7 +5,7 @@ say with what confidence each one learns faster or slower than GRPO.
     python bench.py --methods grpo,d3s --seeds 2 --steps 20 --jobs 2 --threads 1     # a few minutes
     python bench.py --methods all --seeds 5 --jobs 2 --threads 1                     # the README's table
     python bench.py --methods grpo,d3s --seeds 1 --steps 2 --prompts_per_step 2 --group_size 4  # smoke test
-    # issue 13's protocol: each method's lr from a grid on tuning seeds 100, 101 ...
+    # the study's protocol (docs/study.md): each method's lr from a grid on tuning seeds 100, 101 ...
     python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --out out/tune
     # ... then 8 reported seeds 0..7 with the chosen lrs, evaluated on the whole test split every 10 steps
     python bench.py --methods grpo,d3s --tuned out/tune/tuned.json --seeds 8 --eval_size all --eval_every 10 \
@@ -21,7 +21,7 @@ warmed-up model (--model: tiny, a harder world of tiny.WORLDS such as tiny-long,
 evaluated greedily on the same held-out questions (--eval_size all: the world's whole test split,
 1036 questions for tiny). These flags go to train.Config unchanged, and left out are train.py's
 defaults: --steps --eval_every --eval_size --prompts_per_step --group_size --max_new_tokens
---micro_batch_size --loss --updates_per_batch --optimizer --momentum --grad_clip. --s_init --s_final
+--micro_batch_size --loss --updates_per_batch --optimizer --grad_clip. --s_init --s_final
 --t_init --t_final go only to the methods that read them (schedule_knobs; train.py refuses them
 elsewhere).
 
@@ -96,6 +96,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import config
 import d3s
 import tiny
 import train
@@ -103,11 +104,11 @@ from data import load_problems
 from model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
-STEP_FIELDS = ("step", "reward", "kept", "rollouts", "tokens", "valid", "grad_norm", "t_gen", "t_upd", "skipped")
+STEP_FIELDS = ("step", "reward", "kept", "rollouts", "tokens", "valid", "grad_norm", "t_gen", "t_upd", "nonfinite")
 # train.Config fields bench passes on when given on the command line (the rest: train.py's defaults).
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int, "group_size": int,
                 "max_new_tokens": int, "micro_batch_size": int, "updates_per_batch": int, "loss": str,
-                "optimizer": str, "momentum": float, "grad_clip": float}
+                "optimizer": str, "grad_clip": float}
 RATIOS = ("s_init", "s_final", "t_init", "t_final")  # passed only to the methods that read them
 CONFIDENCE = 0.95   # of every interval
 BOOTSTRAP = 1000    # resamples of the seeds for the interval of "steps to GRPO"
@@ -511,11 +512,11 @@ def configs(args):
     if args.device is not None:
         knobs["device"] = args.device
     # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log
-    knobs.update(model=args.model, save_every=0, progress=False)
+    knobs.update(model=args.model, save_every=0)
     if knobs.get("eval_size") == "all":  # the whole test split of the world's held-out data set
         knobs.pop("eval_size")
-        first = train.resolve(train.Config(**knobs), given=knobs)
-        knobs["eval_size"] = len(load_problems(first.eval_dataset, "test", data_dir=first.data_dir or None))
+        first = config.resolve(train.Config(**knobs), given=knobs)
+        knobs["eval_size"] = len(load_problems(first.dataset, "test", data_dir=first.data_dir or None))
     cfgs = []
     for m in methods:
         ratios = {k: getattr(args, k) for k in schedule_knobs(m) if getattr(args, k) is not None}
@@ -525,7 +526,7 @@ def configs(args):
                 mine = {"method": m, "seed": s, "out_dir": os.path.join(args.out, "runs", f"{run}-seed{s}"), **knobs,
                         **ratios, **({} if lr is None else {"lr": lr}), **({} if k is None else {"updates_per_batch": k})}
                 # the knobs bench sets are given; the others take train.py's defaults and presets
-                cfgs.append(train.resolve(train.Config(**mine), given=mine))  # a bad knob: train.check's one line
+                cfgs.append(config.resolve(train.Config(**mine), given=mine))  # a bad knob: config.check's one line
     return methods, cfgs
 
 

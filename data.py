@@ -29,7 +29,7 @@ below: GSM8K, MATH (as MATH-500), AIME 2024 and 2025, AMC 2023, Minerva, Olympia
   amc23          test 40 (AMC 2023)
   minerva        test 272 (Minerva math)
   olympiadbench  test 675 (OlympiadBench, English, text-only, open-ended math)
-  tiny           the lead's offline synthetic arithmetic world (tiny.py); tiny-* are its harder
+  tiny           the offline synthetic arithmetic world (tiny.py); tiny-* are its harder
                  worlds (tiny.WORLDS)
 The benchmarks only have a test split; asking for another split is an error that lists the splits.
 """
@@ -103,7 +103,7 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
         raise ValueError(f"load_problems: limit must be None or an integer >= 0, got {limit!r}")
     name = str(name_or_path)
     if name == "tiny" or (name.startswith("tiny-") and not name.endswith(".jsonl")):
-        import tiny  # imported here: the tiny world is the lead's, and needs torch
+        import tiny  # imported here: only the tiny world needs it, and it pulls in torch
         return tiny.problems(split, limit, terms=tiny.world(name)["terms"])  # a named world (tiny.WORLDS)
     if name in SPLITS:
         if split not in SPLITS[name]:

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import config  # noqa: E402
 import train  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -34,14 +35,14 @@ args, rest = parser.parse_known_args()
 shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
 if args.dry_run:
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-config = Qwen2Config(
+qwen_config = Qwen2Config(
     vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
     tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643, **shape,
 )
 folder = os.path.join(args.out, "qwen2.5-0.5b-random")
 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
 torch.manual_seed(0)
-model = Qwen2ForCausalLM(config)
+model = Qwen2ForCausalLM(qwen_config)
 model.generation_config.eos_token_id = [151645, 151643]  # <|im_end|>, <|endoftext|> as in the instruct models
 model.generation_config.pad_token_id = 151643
 model.save_pretrained(folder)
@@ -51,9 +52,9 @@ del model
 
 if torch.cuda.is_available():
     torch.cuda.reset_peak_memory_stats()
-cfg, given = train.parse_args(["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps),
+cfg, given = config.parse_args(train.Config, ["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps),
                         "--eval_every", str(args.steps), "--eval_size", "64", "--save_every", "1000",
-                        "--out_dir", os.path.join(args.out, "run"), "--progress", "false"] + rest)
+                        "--out_dir", os.path.join(args.out, "run")] + rest)
 t0 = time.time()
 train.train(cfg, given=given)
 wall = time.time() - t0

@@ -14,10 +14,12 @@ requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is a
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """The tiny world's warmed-up model as an HF folder, built once per test session (~30 s)."""
+def tiny_dir():
+    """The tiny world's warmed-up model as an HF folder: out/tiny, the folder `python train.py` builds and
+    uses, so it is built once (~30 s on 2 cores) for the tests and the runs alike. tiny.pretrained rebuilds
+    it when it is missing, incomplete or from another version of tiny.py. Tests read it, never write it."""
     import tiny
-    return tiny.pretrained(str(tmp_path_factory.mktemp("tiny") / "tiny"), log=lambda *a: None)
+    return tiny.pretrained(str(ROOT / "out" / "tiny"), log=lambda *a: None)
 
 
 @pytest.fixture(scope="module")

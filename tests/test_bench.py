@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import bench
+import config
 import train
 
 # -----------------------------------------------------------------------------
@@ -32,7 +33,7 @@ def table_rows(text):
 
 def fake_steps(steps, kept, tokens, t_gen, t_upd):
     return [{"step": i, "reward": 0.5, "kept": kept, "rollouts": 128, "tokens": tokens, "valid": 2 * tokens,
-             "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "skipped": 0} for i in range(steps)]
+             "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "nonfinite": 0} for i in range(steps)]
 
 
 def fake_folders(args, accs, per_step, tmp_path):
@@ -303,16 +304,15 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
 def test_pass_through_and_the_whole_test_split(tmp_path):
     _, cfgs = bench.configs(bench.parse_args([
         "--methods", "grpo", "--seeds", "2", "--seed_start", "100", "--out", str(tmp_path), "--eval_size", "all",
-        "--eval_every", "10", "--loss", "gspo", "--updates_per_batch", "1", "--optimizer", "sgd", "--momentum", "0.5",
+        "--eval_every", "10", "--loss", "gspo", "--updates_per_batch", "1", "--optimizer", "sgd",
         "--max_new_tokens", "40", "--micro_batch_size", "7", "--grad_clip", "0"]))
     assert [c.seed for c in cfgs] == [100, 101]
     c = cfgs[0]
     assert (c.eval_size, c.eval_every) == (1036, 10)  # the tiny world's whole test split
-    assert (c.loss, c.updates_per_batch, c.optimizer, c.momentum, c.max_new_tokens, c.micro_batch_size) == \
-        ("gspo", 1, "sgd", 0.5, 40, 7)
+    assert (c.loss, c.updates_per_batch, c.optimizer, c.max_new_tokens, c.micro_batch_size) == ("gspo", 1, "sgd", 40, 7)
     assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
-    assert c.save_every == 0 and c.progress is False and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
-    assert bench.train_command(c).startswith("python train.py --eval_dataset tiny --method grpo --loss gspo ")
+    assert c.save_every == 0 and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
+    assert bench.train_command(c).startswith("python train.py --method grpo --loss gspo ")
 
 # -----------------------------------------------------------------------------
 # a real 2-step run of grpo and d3s through train.train
@@ -350,9 +350,9 @@ def test_real_runs_table_matches_the_runs_logs(benched):
     for m, lr in (("grpo", 1e-4), ("d3s", 2e-4)):
         run = out_dir / "runs" / f"{m}-seed0"
         logs[m] = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-        config = json.loads((run / "config.json").read_text())
-        assert (config["method"], config["lr"], config["max_new_tokens"], config["micro_batch_size"]) == (m, lr, 30, 3)
-        assert json.loads((run / "result.json").read_text())["config"] == config  # what a repeat compares with
+        ran = json.loads((run / "config.json").read_text())
+        assert (ran["method"], ran["lr"], ran["max_new_tokens"], ran["micro_batch_size"]) == (m, lr, 30, 3)
+        assert json.loads((run / "result.json").read_text())["config"] == ran  # what a repeat compares with
         # train.py's own printed evaluations, independent of the returned history
         accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(", (run / "train.log").read_text())]
         assert len(logs[m]) == 2 and len(accs[m]) == 3  # steps 0, 1; evaluations at 0, 1, 2
@@ -373,8 +373,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         # printed with 3 decimals: 0.1875 is "0.188", exactly 5e-4 away
         assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)
         # its train.py command line is this very run
-        cfg, _ = train.parse_args(run["command"].split()[2:])
-        assert bench.as_json(train.resolve(cfg)) == json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        cfg, given = config.parse_args(train.Config, run["command"].split()[2:])
+        assert bench.as_json(config.resolve(cfg, given)) == json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 -> 0.75,
     # and round(0.7 * valid) tokens at the last step (t_final 0.7)
     assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 4 + 6

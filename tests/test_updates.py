@@ -2,12 +2,12 @@
 GSPO's sequence ratio, micro-batches cut to their own span, and the entropy recorded while sampling.
 Each test compares against a hand-written reference: the plain full-width computation."""
 import json
-import random
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import config
 import d3s
 import rollout
 import tiny
@@ -16,7 +16,7 @@ from data import format_prompt, load_problems
 from model import load_model
 from reward import score
 
-SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100, progress=False,
+SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100,
              updates_per_batch=1, lr=1e-4)  # K = 1 unless a test says otherwise (the default is 4)
 
 
@@ -36,6 +36,18 @@ def no_precision():
     return torch.autocast("cuda", enabled=False)
 
 
+def token_logprobs(model, kept, with_entropy=True):
+    """The plain reference: one full-width forward of every row, log-probs (and entropies) of every position."""
+    hidden = rollout.completion_hidden(model, kept.input_ids, kept.attention_mask, kept.completion_start)
+    return rollout.head_logprobs(model, hidden, kept.input_ids[:, kept.completion_start:], None, 1.0, with_entropy)
+
+
+def old_logprobs(model, kept, parts, cfg, with_entropy):
+    """train.py's step 5 at K > 1: logp_old (and the entropy) from one no-grad pass over the micro-batches."""
+    assert cfg.updates_per_batch > 1
+    return train.entropy_and_old_logp(model, kept, parts, cfg, no_precision, "adv_entropy" if with_entropy else "none")
+
+
 # ----------------------------------------------------------------------------- K = 1 is the plain step
 
 
@@ -49,16 +61,15 @@ def test_k1_step_equals_the_plain_full_width_step(tmp_path, tiny_dir):
 
     model, tok = load_model(tiny_dir, device="cpu", dtype="float32")
     model.train()
-    random.seed(0)
-    torch.manual_seed(0)  # train.py seeds here, after loading; the greedy evaluation draws nothing
     batch = train.batch_at(load_problems("tiny", "train"), 0, 4, 0)
-    ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in batch], 4, 32)
+    # train.py's sampling seed for step 0 of --seed 0: seed * 1_000_003 + step
+    ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in batch], 4, 32, seed=0)
     rewards = torch.tensor(score(ro.texts, [r["answer"] for r in batch for _ in range(4)])[0])
     adv = d3s.group_advantages(rewards, 4)
     rho_s, rho_t = d3s.keep_ratios(0, 1, "linear", 0.25, 0.75, 0.2, 0.6)
     idx, adv_kept = d3s.select_samples(rewards, adv, 4, rho_s, "cross")
     kept = ro.select(idx)
-    logp, entropy = rollout.token_logprobs(model, kept.input_ids, kept.attention_mask, kept.completion_start)
+    logp, entropy = token_logprobs(model, kept)
     mask = d3s.select_tokens(d3s.token_scores(adv_kept, entropy, "adv_entropy"), kept.completion_mask, rho_t)
     loss, _ = d3s.policy_loss(logp, logp.detach(), adv_kept, mask, int(mask.sum()), seq_mask=kept.completion_mask)
     loss.backward()
@@ -107,7 +118,7 @@ def setup(tiny_dir):
 
 
 def cfg_for(**kw):
-    return train.resolve(train.Config(model="tiny", **kw))
+    return config.resolve(train.Config(model="tiny", **kw))
 
 
 def grads(model):
@@ -117,8 +128,7 @@ def grads(model):
 def reference_grads(model, kept, adv, token_mask, old_logp=None, loss="grpo", eps=(0.2, 0.2)):
     """The plain computation: one full-width forward of every kept rollout, no span cut, no micro-batches."""
     model.zero_grad(set_to_none=True)
-    logp, _ = rollout.token_logprobs(model, kept.input_ids, kept.attention_mask, kept.completion_start,
-                                     with_entropy=False)
+    logp, _ = token_logprobs(model, kept, with_entropy=False)
     old = logp.detach() if old_logp is None else old_logp
     out, _ = d3s.policy_loss(logp, old, adv, token_mask, int(token_mask.sum()), loss=loss, eps_low=eps[0],
                              eps_high=eps[1], seq_mask=kept.completion_mask)
@@ -177,7 +187,7 @@ def test_entropy_recorded_while_sampling_matches_the_training_forward(setup):
     model, kept, _ = setup
     kept = kept.select(range(16))  # the sampled rows (the 17th was written by hand)
     with torch.no_grad():
-        _, ent = rollout.token_logprobs(model, kept.input_ids, kept.attention_mask, kept.completion_start)
+        _, ent = token_logprobs(model, kept)
     valid = kept.completion_mask
     diff = (ent - kept.entropy)[valid].abs().max().item()
     print(f"max |entropy recorded while sampling - training forward| = {diff:.2e}")
@@ -192,7 +202,7 @@ def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup)
     model, kept, adv = setup
     cfg = cfg_for()
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 5)
-    old_logp, entropy = train.old_logprobs(model, kept, parts, cfg, no_precision, True)
+    old_logp, entropy = old_logprobs(model, kept, parts, cfg, True)
     torch.manual_seed(0)
     old_logp = old_logp + 0.05 * torch.randn_like(old_logp)  # a policy that has moved a little
     token_mask = d3s.select_tokens(d3s.token_scores(adv, entropy, "adv_entropy"), kept.completion_mask, 0.4)
@@ -208,9 +218,9 @@ def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup)
 def test_old_logprobs_are_the_plain_forward(setup):
     model, kept, _ = setup
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 4)
-    logp, ent = train.old_logprobs(model, kept, parts, cfg_for(), no_precision, True)
+    logp, ent = old_logprobs(model, kept, parts, cfg_for(), True)
     with torch.no_grad():
-        ref_logp, ref_ent = rollout.token_logprobs(model, kept.input_ids, kept.attention_mask, kept.completion_start)
+        ref_logp, ref_ent = token_logprobs(model, kept)
     valid = kept.completion_mask
     torch.testing.assert_close(logp[valid], ref_logp[valid], atol=1e-5, rtol=0)
     torch.testing.assert_close(ent[valid], ref_ent[valid], atol=1e-5, rtol=0)
@@ -239,7 +249,7 @@ def test_second_update_moves_the_ratio_and_the_clip_zeroes_gradients(setup):
     model.load_state_dict(setup[0].state_dict())
     cfg = cfg_for(lr=1e-2)
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 100)
-    old_logp, _ = train.old_logprobs(model, kept, parts, cfg, no_precision, False)
+    old_logp, _ = old_logprobs(model, kept, parts, cfg, False)
     token_mask = kept.completion_mask
     u = train.backward(model, kept, parts, adv, token_mask, old_logp, cfg, no_precision)
     assert u["clip_frac"] == 0.0 and abs(u["ratio_mean"] - 1) < 1e-5  # the first update is on-policy
@@ -265,8 +275,7 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_by_hand(setup):
     model, kept, adv = setup
     valid = kept.completion_mask
     with torch.no_grad():
-        logp, _ = rollout.token_logprobs(model, kept.input_ids, kept.attention_mask, kept.completion_start,
-                                         with_entropy=False)
+        logp, _ = token_logprobs(model, kept, with_entropy=False)
     torch.manual_seed(1)
     old = logp + 0.02 * torch.randn_like(logp)
     i = 5  # one rollout, by hand: s_i = exp(mean over its valid tokens of (logp - logp_old))
@@ -308,7 +317,7 @@ def test_k2_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw), log=interrupt_after_step_0)
-    train.train(train.Config(resume=str(tmp_path / "cut"), progress=False), log=lambda *a: None)
+    train.train(train.Config(resume=str(tmp_path / "cut")), log=lambda *a: None)
     full, cut = rows(tmp_path / "full"), rows(tmp_path / "cut")
     assert [r["step"] for r in cut] == [0, 1, 2]
     for a, b in zip(full, cut):
@@ -319,4 +328,4 @@ def test_k2_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
 
 
 def test_tiny_worlds_are_known():
-    assert "tiny" in tiny.WORLDS and train.is_tiny("tiny") and not train.is_tiny("Qwen2.5-0.5B")
+    assert "tiny" in tiny.WORLDS and tiny.world_of("tiny") == "tiny" and tiny.world_of("Qwen2.5-0.5B") is None

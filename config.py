@@ -1,0 +1,164 @@
+"""
+The config block of train.py, from its lines to the config a run uses: per-model values, checks and
+the command line. train.py says what each knob is; this file says how a value reaches the run.
+
+    python train.py --model Qwen2.5-0.5B --lr 2e-6    # --name value or --name=value, for any knob
+    python train.py --help                            # every knob, its value(s) and its comment
+
+Where a value comes from, in this order:
+  1. the command line (--lr 2e-6), or the knobs a caller of train.train() passes as `given`;
+  2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one value
+     per kind of run on that same line: a tiny world's own (tiny_long=64), else `tiny` for the tiny
+     worlds and `real` for a real model, or `grpo` / `gspo` by --loss. Edit the one you mean.
+Nothing else decides a value: config.json in the run folder records every knob as it ran.
+
+A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5),
+and config.json records the keep ratios each method applies (1 where it keeps everything). Bad
+values are one line on stderr and exit code 2 (main).
+"""
+import argparse
+import dataclasses
+import inspect
+import os
+import re
+import signal
+import sys
+
+import d3s
+import tiny
+from rollout import CACHES
+
+
+def pick(**values):
+    """A knob with a value per kind of run, all on its line in the config block (see the docstring)."""
+    return dataclasses.field(default=next(iter(values.values())), metadata={"pick": values})
+
+
+def picked(field, world, loss):
+    """The value of a pick() knob for a run on tiny world `world` (None: a real model) with `loss`."""
+    values = field.metadata["pick"]
+    for key in ((world or "").replace("-", "_"), "tiny" if world else "real", loss):
+        if key in values:
+            return values[key]
+    return field.default
+
+
+def given_knobs(cfg):
+    """The knobs a caller set: those that differ from the config block's first value."""
+    return {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
+
+
+def resolve(cfg, given=None):
+    """The config a run uses: each pick() knob not `given` takes its value for this run, every knob is
+    checked, and the keep ratios become those the method applies (a given ratio it would ignore is an error)."""
+    given = given_knobs(cfg) if given is None else set(given)
+    world = tiny.world_of(cfg.model)
+    if cfg.loss not in d3s.LOSSES:  # before the loss chooses the clip range
+        raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
+    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss) for f in dataclasses.fields(cfg)
+                                      if "pick" in f.metadata and f.name not in given})
+    cfg.out_dir = cfg.out_dir or os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
+    check(cfg)
+    for name, (value, why) in applied_ratios(cfg).items():
+        if getattr(cfg, name) != value and name in given:
+            raise ValueError(f"--{name} {getattr(cfg, name)} does not apply to --method {cfg.method}: {why}; "
+                             f"leave it out")
+        setattr(cfg, name, value)
+    return cfg
+
+
+def applied_ratios(cfg):
+    """{knob: (the value the method applies, why)} for the four keep ratios: 1 where the method keeps
+    every rollout or token, the 80/20 baseline's fixed share, and init = final without a schedule."""
+    method = d3s.METHODS[cfg.method]
+    out = {}
+    if method["schedule"] == "constant":
+        out.update(s_final=(cfg.s_init, "it has no schedule, rho_s stays at --s_init"),
+                   t_final=(cfg.t_init, "it has no schedule, rho_t stays at --t_init"))
+    if method["sample"] == "none":
+        out.update(s_init=(1.0, "it keeps every rollout"), s_final=(1.0, "it keeps every rollout"))
+    if method["token"] == "none":
+        out.update(t_init=(1.0, "it keeps every token"), t_final=(1.0, "it keeps every token"))
+    elif "t_keep" in method:
+        why = f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens"
+        out.update(t_init=(method["t_keep"], why), t_final=(method["t_keep"], why))
+    return {name: out.get(name, (getattr(cfg, name), "")) for name in ("s_init", "s_final", "t_init", "t_final")}
+
+
+def check(cfg):
+    """Bad knobs are one-line ValueErrors that say what is allowed."""
+    def must(ok, msg):
+        if not ok:
+            raise ValueError(msg)
+    must(cfg.method in d3s.METHODS, f"--method {cfg.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
+    for name in ("s_init", "s_final", "t_init", "t_final"):
+        must(0 < getattr(cfg, name) <= 1, f"--{name} must be in (0, 1], got {getattr(cfg, name)}")
+    must(cfg.group_size >= 2, f"--group_size must be at least 2 (advantages compare rollouts of a prompt), "
+                              f"got {cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "logprob_chunk",
+                 "updates_per_batch"):
+        must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("eval_every", "save_every"):
+        must(getattr(cfg, name) >= 0, f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
+    must(cfg.gen_batch_size >= 0, f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
+    must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
+    must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
+    for name in ("clip_eps_low", "clip_eps_high"):
+        must(0 <= getattr(cfg, name) < 1, f"--{name} must be in [0, 1), got {getattr(cfg, name)}")
+    must(cfg.generation in CACHES, f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
+    must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
+    must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    must(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+         f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+
+# -----------------------------------------------------------------------------
+# the command line: every knob of the config block is a flag
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr and exit code 2, like every other bad input."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_bool(text):
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
+    return value
+
+
+def knob_comments(config_class):
+    """{knob: its trailing comment in the config block}, for --help."""
+    lines = inspect.getsource(config_class).splitlines()
+    return {m.group(1): m.group(2) for m in map(re.compile(r"\s+(\w+): \w+ = .*?  # (.*)").fullmatch, lines) if m}
+
+
+def parse_args(config_class, argv, description=""):
+    """(a config, the names of the flags given) from the command line."""
+    parser = OneLineParser(description=description)
+    comments = knob_comments(config_class)
+    for f in dataclasses.fields(config_class):
+        values = f.metadata.get("pick", {"": f.default})
+        value = ", ".join(f"{k} {v!r}".strip() for k, v in values.items())
+        parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type, default=argparse.SUPPRESS,
+                            metavar=f.type.__name__.upper(),
+                            help=f"{comments.get(f.name, '')} ({value})".replace("%", "%%"))
+    given = vars(parser.parse_args(argv))
+    return config_class(**given), set(given)
+
+
+def main(config_class, train, argv=None, description=""):
+    """`python train.py ...`: bad input is one line and exit code 2; Ctrl-C and SIGTERM, after train has
+    saved a checkpoint, exit with 130 and 143 (128 + the signal)."""
+    cfg, given = parse_args(config_class, sys.argv[1:] if argv is None else argv, description)
+    try:
+        train(cfg, given=given)
+    except ValueError as e:  # bad input: no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        sys.exit(128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT))

@@ -1,0 +1,81 @@
+"""
+What a training run leaves besides its checkpoints: one row of RUN/log.jsonl and one line on the
+terminal per step, and optionally the same rows in Weights & Biases.
+
+The step line (README, "What you see", explains each column):
+
+    step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | var(A) 0.71->1.87 | ...
+
+log.jsonl has every field of step_record, one JSON object per step; plots.py draws curves.png from it.
+"""
+import dataclasses
+import os
+import time
+
+import d3s
+
+
+def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates, **extra):
+    """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). Means over the
+    updates are weighted by each update's kept tokens."""
+    valid, n = kept.completion_mask, max(sum(u["tokens"] for u in updates), 1)
+
+    def mean(key, empty):
+        return sum(u[key] * u["tokens"] for u in updates) / n if updates else empty
+    return {
+        "step": step, "reward": rewards.mean().item(),
+        "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
+        "kept": len(kept.texts), "rollouts": len(rewards), "tokens": sum(u["tokens"] for u in updates),  # trained
+        "valid": int(valid.sum()), "valid_all": int(rollouts.completion_mask.sum()),
+        "var_adv": d3s.population_variance(adv), "var_kept": d3s.population_variance(adv_kept),
+        "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
+        "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
+        "loss": sum(u["loss"] for u in updates) / len(updates) if updates else 0.0,
+        "losses": [u["loss"] for u in updates], "updates": len(updates),
+        "grad_norm": sum(u["grad_norm"] for u in updates) / len(updates) if updates else 0.0,
+        "clip_frac": mean("clip_frac", 0.0), "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
+        "ratio_min": min((u["ratio_min"] for u in updates), default=1.0),
+        "ratio_max": max((u["ratio_max"] for u in updates), default=1.0),
+        "nonfinite": sum(u["nonfinite"] for u in updates), **extra,
+    }
+
+
+NO_SIGNAL = "no kept token has a nonzero advantage and there is no KL term: nothing to learn, no update"
+
+
+def step_line(r, K):
+    """The one greppable line per step."""
+    if r["updates"] == 0:
+        update = "upd skipped: no signal"  # NO_SIGNAL
+    else:
+        update = f"grad {r['grad_norm']:.2f}" + (f" | updates {r['updates']}/{K}" if r["updates"] < K else "")
+        update += f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}" if K > 1 else ""
+    return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | kept {r['kept']}/"
+            f"{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | "
+            f"entropy {r['entropy']:.2f} | len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
+            f"gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")
+
+
+class Stopwatch:
+    """Seconds spent inside `with stopwatch:` blocks, added up (the forward and backward time)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self.t0 = time.time()
+
+    def __exit__(self, *exc):
+        self.seconds += time.time() - self.t0
+
+
+def start_wandb(cfg):
+    """A Weights & Biases run (nanoGPT's wandb_log), or None. Imported only when asked for."""
+    if not cfg.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--wandb needs the wandb package: pip install wandb (or leave --wandb out)") from None
+    return wandb.init(project=cfg.wandb, name=os.path.basename(os.path.normpath(cfg.out_dir)),
+                      config=dataclasses.asdict(cfg))

@@ -1,0 +1,272 @@
+"""checkpoint.py: a run stopped at any moment resumes exactly. Each window a run can stop in (a signal
+at a step's start, inside a batch's updates, during an evaluation; a hard crash after a periodic save;
+a crash or power cut during the save) is forced, the run is resumed, and it is compared with the
+uninterrupted run row by row (rewards, counts, losses, evaluations) and in the final weights."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import checkpoint
+import config
+import train
+from conftest import ROOT
+from model import load_model
+
+# K = 2 (the mini-batch shuffle draws random numbers), an evaluation after every step, a checkpoint every 2
+KW = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=4, eval_every=1, save_every=2, updates_per_batch=2,
+          lr=1e-4, method="d3s")
+COMPARED = ("step", "reward", "kept", "tokens", "valid", "losses", "grad_norm", "tokens_trained", "rho_s", "rho_t")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def rows(run_dir):
+    with open(run_dir / "log.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(folder):
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def trained(run_dir):
+    """What a run left: its rows (the compared fields), its evaluations and its final weights."""
+    history = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["history"]
+    return [{k: r[k] for k in COMPARED} for r in rows(run_dir)], history, weights(run_dir / "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=lambda *a: None)
+    return trained(run_dir)
+
+
+def stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop=KeyboardInterrupt):
+    """Run KW with train.<fn> wrapped: on its call number `when` (1-based), send this process SIGINT (a real
+    signal, through the run's handler) or raise `stop` (an exception nothing catches: a hard crash). Then
+    resume and return what the run left, and the step of the checkpoint the stop left."""
+    real, calls = getattr(train, name), []
+
+    def wrapped(*a, **k):
+        calls.append(1)
+        if len(calls) == when:
+            if stop is KeyboardInterrupt:
+                os.kill(os.getpid(), signal.SIGINT)
+            else:
+                raise stop("simulated crash")
+        return real(*a, **k)
+    run_dir = tmp_path / "cut"
+    monkeypatch.setattr(train, name, wrapped)
+    with pytest.raises((KeyboardInterrupt, RuntimeError)):
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=lambda *a: None)
+    monkeypatch.undo()
+    stopped_at = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
+    return trained(run_dir), stopped_at, run_dir
+
+
+def same_run(got, want):
+    (rows_a, hist_a, w_a), (rows_b, hist_b, w_b) = got, want
+    assert rows_a == rows_b  # every step once, with the same numbers
+    assert hist_a == hist_b  # the same evaluations, none missing
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+
+
+def test_a_signal_at_the_start_of_a_step(tmp_path, tiny_dir, monkeypatch, uninterrupted):
+    # batch_at is the first thing a step does: its third call is step 2, before any of its random numbers
+    got, stopped_at, _ = stop_and_resume(tmp_path, tiny_dir, monkeypatch, "batch_at", 3)
+    assert stopped_at == 2
+    same_run(got, uninterrupted)
+
+
+def test_a_signal_inside_a_batchs_updates_waits_for_the_batch(tmp_path, tiny_dir, monkeypatch, uninterrupted):
+    # the first optimizer update of the run: the signal waits for that batch's second update and its log line
+    first = next(r["step"] for r in uninterrupted[0] if r["losses"])
+    got, stopped_at, _ = stop_and_resume(tmp_path, tiny_dir, monkeypatch, "optimizer_step", 1)
+    assert stopped_at == first + 1 and len(uninterrupted[0][first]["losses"]) == 2
+    same_run(got, uninterrupted)
+
+
+def test_a_signal_during_an_evaluation_is_redone_on_resume(tmp_path, tiny_dir, monkeypatch, uninterrupted):
+    got, stopped_at, _ = stop_and_resume(tmp_path, tiny_dir, monkeypatch, "held_out", 2)  # the one after step 0
+    assert stopped_at == 1
+    same_run(got, uninterrupted)
+    assert [h["step"] for h in got[1]] == [0, 1, 2, 3]
+
+
+def test_a_hard_crash_after_a_periodic_save_logs_each_step_once(tmp_path, tiny_dir, monkeypatch, uninterrupted):
+    # checkpoint at step 2, step 2 logged, then the process dies in the evaluation of step 3 (no handler runs)
+    got, stopped_at, run_dir = stop_and_resume(tmp_path, tiny_dir, monkeypatch, "held_out", 4, stop=RuntimeError)
+    assert stopped_at == 2
+    same_run(got, uninterrupted)
+    cut = [json.loads(line)["step"] for line in (run_dir / "log.jsonl.cut").read_text().splitlines()]
+    assert cut == [2]  # what the crashed run had logged past its checkpoint, kept aside
+
+
+def test_trim_log_keeps_the_checkpoints_steps(tmp_path):
+    lines = [json.dumps({"step": s}) + "\n" for s in range(5)] + ['{"step": 5, "rew']  # cut off mid-line
+    (tmp_path / "log.jsonl").write_text("".join(lines))
+    checkpoint.trim_log(str(tmp_path), 2)
+    assert [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()] == [0, 1]
+    assert (tmp_path / "log.jsonl.cut").read_text().splitlines() == [x.strip() for x in lines[2:]]
+    checkpoint.trim_log(str(tmp_path), 2)  # nothing more to cut: unchanged
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
+
+
+# ----------------------------------------------------------------------------- the save itself
+
+
+@pytest.fixture(scope="module")
+def saved_parts(tiny_dir):
+    model, tok = load_model(tiny_dir, device="cpu", dtype="float32")
+    return model, tok, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def test_a_crash_at_any_point_of_the_checkpoint_swap_leaves_a_checkpoint(tmp_path, saved_parts, monkeypatch):
+    """A crash at every filesystem operation of the swap: --resume must always find a complete
+    checkpoint, the new one once it was completely written, else the previous one."""
+    model, tok, opt = saved_parts
+    (tmp_path / "config.json").write_text("{}")
+    real_replace, real_rmtree, calls = os.replace, shutil.rmtree, []
+
+    def crash_at(n):
+        def counted(real):
+            def op(*a, **k):
+                calls.append(a[0])
+                if len(calls) == n:
+                    raise OSError("simulated crash")
+                return real(*a, **k)
+            return op
+        monkeypatch.setattr(checkpoint.os, "replace", counted(real_replace))
+        monkeypatch.setattr(checkpoint.shutil, "rmtree", counted(real_rmtree))
+
+    for n in range(1, 20):
+        real_rmtree(tmp_path / "checkpoint", ignore_errors=True)
+        monkeypatch.undo()
+        checkpoint.save(str(tmp_path), model, tok, opt, 1, [], 0)  # the previous checkpoint, step 1
+        calls.clear()
+        crash_at(n)
+        try:
+            checkpoint.save(str(tmp_path), model, tok, opt, 2, [], 0)
+            crashed = False
+        except OSError:
+            crashed = True
+        monkeypatch.undo()
+        complete_new = crashed and len(calls) >= 1 and any(
+            (tmp_path / d / "trainer.pt").is_file() and
+            torch.load(tmp_path / d / "trainer.pt", weights_only=False)["step"] == 2
+            for d in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        _, state = checkpoint.load(str(tmp_path))
+        assert state["step"] in (1, 2)
+        if not crashed or complete_new:
+            assert state["step"] == 2, n
+        assert not (tmp_path / "checkpoint.tmp").exists() and not (tmp_path / "checkpoint.old").exists()
+        if not crashed:
+            break
+    assert not crashed and n > 4  # every operation of the swap was crashed once
+
+
+def test_the_new_checkpoint_is_on_disk_before_the_old_one_goes(tmp_path, saved_parts, monkeypatch):
+    """Power loss: a rename can reach the disk before the data it names. Every file of the new checkpoint
+    and its folder are flushed before the swap, and the swap itself before checkpoint.old is removed."""
+    model, tok, opt = saved_parts
+    checkpoint.save(str(tmp_path), model, tok, opt, 1, [], 0)
+    events = []
+    real_fsync, real_replace, real_rmtree = checkpoint.fsync, os.replace, shutil.rmtree
+    monkeypatch.setattr(checkpoint, "fsync", lambda p: (events.append(("fsync", os.path.relpath(p, tmp_path))),
+                                                       real_fsync(p)))
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append(("replace", os.path.relpath(a, tmp_path),
+                                                                               os.path.relpath(b, tmp_path))),
+                                                                 real_replace(a, b)))
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda p, **k: (events.append(("rmtree", os.path.relpath(p, tmp_path))),
+                                                                     real_rmtree(p, **k)))
+    checkpoint.save(str(tmp_path), model, tok, opt, 2, [], 0)
+    swap = events.index(("replace", "checkpoint.tmp", "checkpoint"))
+    synced = {e[1] for e in events[:swap] if e[0] == "fsync"}
+    files = {os.path.join("checkpoint.tmp", f) for f in os.listdir(tmp_path / "checkpoint")}
+    assert files <= synced and "checkpoint.tmp" in synced  # every file, then the folder
+    drop = len(events) - 1 - events[::-1].index(("rmtree", "checkpoint.old"))  # the last: after the swap
+    assert ("fsync", ".") in events[swap:drop]  # the renames are on disk before the old checkpoint goes
+
+
+# ----------------------------------------------------------------------------- resuming: what may change
+
+
+def exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_resume_refuses_flags_that_would_change_the_run(tmp_path, tiny_dir, capsys):
+    run_dir = tmp_path / "done"
+    train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **{**KW, "steps": 1, "eval_every": 0}),
+                log=lambda *a: None)
+    err = exit_2(["--resume", str(run_dir), "--steps", "400", "--lr", "5e-4"], capsys)
+    assert "--lr, --steps cannot change now" in err
+    with pytest.raises(ValueError, match="--method cannot change now"):  # the API too
+        train.train(train.Config(resume=str(run_dir), method="grpo"), log=lambda *a: None)
+    # the safe ones are taken, even at their default values
+    config.main(train.Config, train.train, ["--resume", str(run_dir), "--eval_every", "25", "--device", "cpu"])
+    assert json.load(open(run_dir / "config.json"))["eval_every"] == 25
+
+
+def test_a_copied_run_folder_resumes_in_itself(tmp_path, tiny_dir, capsys, uninterrupted):
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "orig"), **KW), log=stop_after_step_0)
+    shutil.copytree(tmp_path / "orig", tmp_path / "copy")
+    before = sorted(p.name for p in (tmp_path / "orig").rglob("*"))
+    train.train(train.Config(resume=str(tmp_path / "copy")), log=lambda *a: None)
+    assert sorted(p.name for p in (tmp_path / "orig").rglob("*")) == before  # the original is untouched
+    assert json.load(open(tmp_path / "copy" / "config.json"))["out_dir"] == str(tmp_path / "copy")
+    same_run(trained(tmp_path / "copy"), uninterrupted)
+    # a broken copy names the copy, not the original
+    (tmp_path / "copy" / "checkpoint" / "trainer.pt").unlink()
+    err = exit_2(["--resume", str(tmp_path / "copy")], capsys)
+    assert str(tmp_path / "copy") in err and str(tmp_path / "orig") not in err
+
+
+def test_an_incomplete_or_corrupt_run_folder_is_one_line(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    assert "incomplete run folder" in exit_2(["--resume", str(tmp_path / "half")], capsys)
+    (tmp_path / "half" / "checkpoint").mkdir()
+    (tmp_path / "half" / "checkpoint" / "config.json").write_text("{}")
+    (tmp_path / "half" / "checkpoint" / "trainer.pt").write_bytes(b"not a checkpoint")
+    assert "is corrupt" in exit_2(["--resume", str(tmp_path / "half")], capsys)
+    torch.save({"step": 1, "rng": {}}, tmp_path / "half" / "checkpoint" / "trainer.pt")  # the previous version's
+    assert "written by another version" in exit_2(["--resume", str(tmp_path / "half")], capsys)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
+    out = tmp_path / "term"
+    proc = subprocess.Popen([sys.executable, "train.py", "--model", tiny_dir, "--out_dir", str(out), "--steps", "500",
+                             "--save_every", "1000", "--eval_every", "0", "--eval_size", "4", "--prompts_per_step", "2",
+                             "--group_size", "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:  # wait for two step lines, then send what a scheduler sends
+        lines.append(line)
+        if line.startswith("step    1 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, lines + [rest]
+    assert "checkpoint saved after step" in rest and f"python train.py --resume {out}" in rest
+    assert not any("\r" in line for line in lines)  # piped: plain lines, no progress bar
+    step = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    assert step >= 2 and len(rows(out)) == step
