@@ -254,9 +254,10 @@ class Sampler(LogitsProcessor):
 CACHES = ("prefix", "plain", "static")
 
 
-def generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache):
-    """Everything `generate` is told, as a GenerationConfig (see the module docstring): what is not set
-    here is transformers' library default, never the checkpoint's."""
+def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache):
+    """Everything `generate` is told, as a GenerationConfig. generate_groups blanks model.generation_config
+    while generating (see the module docstring), so what is not set here is transformers' library default
+    (GenerationConfig._get_default_generation_params), never the checkpoint's."""
     if temperature > 0 and top_p < 1:
         # nucleus sampling (eval.py): generate's own sampler, softmax(logits / T) cut to top_p, nothing
         # else (transformers' default top_k is 50)
@@ -334,7 +335,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     own_sampler = temperature > 0 and top_p == 1
     if own_sampler and seed is None:
         seed = draw_seed()  # one per call, before anything else draws
-    config = generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache)
+    config = clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache)
 
     share = cache == "prefix" and group_size > 1 and P > 1
     step = B if batch_size is None else batch_size
