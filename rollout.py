@@ -315,8 +315,9 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed={seed!r} must be an integer or None (draw one from torch's generator)")
     if seed is not None and temperature > 0 and top_p < 1:
-        raise ValueError(f"seed={seed} with top_p={top_p}: nucleus sampling uses generate's own sampler, which draws "
-                         f"from torch's global generator; leave seed=None and seed torch (eval.evaluate(seed=...) does)")
+        raise ValueError(f"seed={seed} with top_p={top_p}: nucleus sampling uses generate's own sampler, which "
+                         f"draws from torch's global generator; leave seed=None and seed torch "
+                         f"(eval.evaluate(seed=...) does)")
     if isinstance(first_row, bool) or not isinstance(first_row, int) or first_row < 0:
         raise ValueError(f"first_row={first_row!r} must be an integer >= 0")
 

@@ -301,6 +301,7 @@ def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
     hot = rollout.generate_groups(loaded, tok, [prompt], 6, 10, temperature=1.0, seed=0)
     assert len({tuple(real_tokens(hot, i)) for i in range(6)}) > 1
 
+
 def test_bad_arguments(tok, model):
     for kwargs in (dict(prompts=[]), dict(prompts="Q:"), dict(group_size=0), dict(max_new_tokens=0),
                    dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0), dict(seed="1"), dict(seed=True),
@@ -516,7 +517,7 @@ def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
     (a batch of another shape may sum the forward in another order). A batch split by hand over two
     calls (first_row) too. Another seed gives other samples; seed=None follows torch.manual_seed."""
     args = (tok, PROMPTS, 3, 8)
-    free = rollout.generate_groups(model, *args, seed=11)  # the random model rarely stops: make its commonest token a stop id
+    free = rollout.generate_groups(model, *args, seed=11)  # a random model rarely stops: its commonest token does
     model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids.flatten().mode().values)]
     ref = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True)
     assert ref.truncated.any() and not ref.truncated.all(), "precondition: rows of several lengths"
