@@ -524,7 +524,8 @@ def configs(args):
             run = m + ("" if args.lr_grid is None else f"-lr{lr:g}") + ("" if args.updates_grid is None else f"-K{k}")
             for s in range(args.seed_start, args.seed_start + args.seeds):
                 mine = {"method": m, "seed": s, "out_dir": os.path.join(args.out, "runs", f"{run}-seed{s}"), **knobs,
-                        **ratios, **({} if lr is None else {"lr": lr}), **({} if k is None else {"updates_per_batch": k})}
+                        **ratios, **({} if lr is None else {"lr": lr}),
+                        **({} if k is None else {"updates_per_batch": k})}
                 # the knobs bench sets are given; the others take train.py's defaults and presets
                 cfgs.append(config.resolve(train.Config(**mine), given=mine))  # a bad knob: config.check's one line
     return methods, cfgs

@@ -4,7 +4,7 @@ prompts and settings, one after the other, in one run.
 
     python bench_speed.py                                        # the README's table (GSM8K and the Qwen2.5 tokenizer)
     python bench_speed.py --data_dir DATA --tokenizer FOLDER     # offline: local copies
-    python bench_speed.py --model tiny --dataset tiny --steps 3                                 # the tiny world, seconds
+    python bench_speed.py --model tiny --dataset tiny --steps 3                          # the tiny world, seconds
     python bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda                               # a real model on a GPU
 
 --model smollm2-135m-random (the default) is SmolLM2-135M's shape (a Llama: 30 layers, hidden 576, 9
@@ -141,7 +141,8 @@ def run_trl(args, folder):
             times["step"][-1] = time.perf_counter() - self.t0
 
     config = GRPOConfig(
-        output_dir=os.path.join(args.out, "runs", "trl"), per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        output_dir=os.path.join(args.out, "runs", "trl"),
+        per_device_train_batch_size=args.prompts_per_step * args.group_size,
         num_generations=args.group_size, max_completion_length=args.max_new_tokens, learning_rate=1e-6,
         lr_scheduler_type="constant", max_steps=args.steps, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
         loss_type="dapo", gradient_checkpointing=False, use_cpu=device == "cpu", bf16=device != "cpu",
@@ -193,7 +194,8 @@ def summarize(results):
 def format_table(rows, memory):
     def ratio(x):
         return "-" if x is None else f"{x:.2f}"
-    lines = [f"| configuration | gen s | fwd+bwd s | rest s | total s/step | vs TRL | update vs grpo | mean rho_s | peak {memory} GB |",
+    lines = [f"| configuration | gen s | fwd+bwd s | rest s | total s/step | vs TRL | update vs grpo | mean rho_s "
+             f"| peak {memory} GB |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['gen']:.2f} | {r['fb']:.2f} | {r['rest']:.2f} | {r['total']:.2f} | "
@@ -207,7 +209,8 @@ def format_table(rows, memory):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-random", help="smollm2-135m-random, tiny, a folder or a hub id")
-    p.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="for smollm2-135m-random: a tokenizer folder or hub id")
+    p.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B",
+                   help="for smollm2-135m-random: a tokenizer folder or hub id")
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--data_dir", default=None, help="local copies laid out as NAME/SPLIT.jsonl (gsm8k/train.jsonl)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
@@ -251,8 +254,8 @@ def main(argv=None):
     table = format_table(rows, memory)
     command = "python bench_speed.py " + " ".join(argv)
     print(table)
-    print(f"{command.strip()} | {results[0]['device']}, {results[0]['threads']} torch threads | median s/step over steps "
-          f"2..{args.steps}")
+    print(f"{command.strip()} | {results[0]['device']}, {results[0]['threads']} torch threads | median s/step over "
+          f"steps 2..{args.steps}")
     with open(os.path.join(args.out, "speed.md"), "w") as f:
         f.write(f"`{command.strip()}`\n\n{table}\n")
     with open(os.path.join(args.out, "speed.json"), "w") as f:

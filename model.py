@@ -78,7 +78,8 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
 
 def _resolve(name, cache_dir):
     """(folder or hub id to load from, whether it is a local folder)."""
-    if name == "tiny" or (name.startswith("tiny-") and not os.path.isdir(name)):  # a tiny world by name (tiny.WORLDS), built once
+    # a tiny world by name (tiny.WORLDS), built once
+    if name == "tiny" or (name.startswith("tiny-") and not os.path.isdir(name)):
         import tiny  # imported here: only the tiny world needs it
         tiny.world(name)  # an unknown world is a one-line error
         return tiny.pretrained(os.path.join(cache_dir, name), name=name), True

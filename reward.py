@@ -500,7 +500,8 @@ def _check_reference(reference):
         raise ValueError(f"reference must be a str (or a number), got {type(reference).__name__}: {reference!r:.80}")
     reference = str(reference).strip()
     if not reference:
-        raise ValueError("reference is empty; every problem needs a reference answer (check the data set's answer field)")
+        raise ValueError("reference is empty; every problem needs a reference answer (check the data set's "
+                         "answer field)")
     return reference
 
 

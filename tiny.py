@@ -206,7 +206,8 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
         batch = [train[(step * batch_size + i) % len(train)] for i in range(batch_size)]
         prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]  # = data.format_prompt without a chat template
         targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise) + EOS for r in batch]
-        enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt", padding=True, padding_side="right")
+        enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt", padding=True,
+                        padding_side="right")
         labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
         for i, p in enumerate(prompts):
             labels[i, :len(p)] = -100  # one token per character: the prompt is len(p) tokens

@@ -48,7 +48,7 @@ from rollout import completion_hidden, generate_groups, head_logprobs
 @dataclass
 class Config:
     # model and data
-    model: str = "tiny"                 # tiny | tiny-long | tiny-weak (offline, tiny.py) | Qwen2.5-0.5B | hub id | folder
+    model: str = "tiny"                 # tiny | tiny-long | tiny-weak (offline: tiny.py) | Qwen2.5-0.5B | hub id | dir
     dataset: str = pick(tiny="tiny", tiny_long="tiny-long", real="gsm8k")  # gsm8k | math | a .jsonl; held out: test
     data_dir: str = ""                  # local copies laid out as NAME/SPLIT.jsonl, e.g. gsm8k/train.jsonl ("": hub)
     # the method (docs/algorithm.md, "Named methods") and its loss
@@ -63,7 +63,7 @@ class Config:
     steps: int = pick(tiny=100, real=200)           # rollout batches; the schedule counts these
     prompts_per_step: int = pick(tiny=16, real=32)  # P prompts per step
     group_size: int = 8                 # G rollouts per prompt (B = P * G)
-    max_new_tokens: int = pick(tiny=32, tiny_long=64, real=512)  # completion budget (a cut-off rollout: docs/grading.md)
+    max_new_tokens: int = pick(tiny=32, tiny_long=64, real=512)  # completion budget; a cut-off rollout: grading.md
     temperature: float = 1.0            # sampling temperature; log-probs and entropy use softmax(logits / T)
     # the update
     updates_per_batch: int = 4          # K optimizer steps per rollout batch, one per mini-batch (K > 1: the clip acts)

@@ -117,7 +117,8 @@ RATIOS = ("s_init", "s_final", "t_init", "t_final")  # the schedule's four keep 
 @dataclass
 class D3SConfig(GRPOConfig):
     method: str = field(default="d3s", metadata={"help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | "
-                                                         "entropy (d3s.METHODS, the named methods of docs/algorithm.md)"})
+                                                         "entropy (d3s.METHODS, the named methods of "
+                                                         "docs/algorithm.md)"})
     s_init: float = field(default=0.25, metadata={"help": "rho_s at the first step: share of rollouts kept [ours]"})
     s_final: float = field(default=0.75, metadata={"help": "rho_s at the last step [ours]"})
     t_init: float = field(default=0.2, metadata={"help": "rho_t at the first step: share of kept rollouts' "

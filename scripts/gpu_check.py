@@ -28,13 +28,16 @@ parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="a tokenize
 parser.add_argument("--data_dir", default="", help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
 parser.add_argument("--out", default="out/gpu_check")
 parser.add_argument("--steps", type=int, default=3)
-parser.add_argument("--dry_run", action="store_true", help="a 2-layer, 64-wide model of the same vocabulary, to test this script on a CPU")
+parser.add_argument("--dry_run", action="store_true",
+                    help="a 2-layer, 64-wide model of the same vocabulary, to test this script on a CPU")
 args, rest = parser.parse_known_args()
 
 # Qwen2.5-0.5B's config.json, as published (24 layers, 896 wide, GQA 14/2 heads, tied embeddings)
-shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
+shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+             num_key_value_heads=2)
 if args.dry_run:
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
 qwen_config = Qwen2Config(
     vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
     tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643, **shape,
@@ -52,9 +55,9 @@ del model
 
 if torch.cuda.is_available():
     torch.cuda.reset_peak_memory_stats()
-cfg, given = config.parse_args(train.Config, ["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps),
-                        "--eval_every", str(args.steps), "--eval_size", "64", "--save_every", "1000",
-                        "--out_dir", os.path.join(args.out, "run")] + rest)
+argv = ["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps), "--eval_every", str(args.steps),
+        "--eval_size", "64", "--save_every", "1000", "--out_dir", os.path.join(args.out, "run")]
+cfg, given = config.parse_args(train.Config, argv + rest)
 t0 = time.time()
 train.train(cfg, given=given)
 wall = time.time() - t0
@@ -63,7 +66,8 @@ with open(os.path.join(args.out, "run", "log.jsonl")) as f:
 summary = {
     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)", "torch": torch.__version__,
     "config": json.load(open(os.path.join(args.out, "run", "config.json"))),
-    "steps": [{k: r[k] for k in ("step", "kept", "rollouts", "tokens", "valid", "length", "t_gen", "t_upd")} for r in rows],
+    "steps": [{k: r[k] for k in ("step", "kept", "rollouts", "tokens", "valid", "length", "t_gen", "t_upd")}
+              for r in rows],
     "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
     "wall_seconds_with_evals_and_save": wall,
 }

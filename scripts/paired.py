@@ -38,7 +38,8 @@ def clipping(run):
 def main(a, b):
     ra, rb = runs(a), runs(b)
     print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
-    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in | A clip, ratio min-max | B clip, ratio min-max |")
+    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in | A clip, ratio min-max "
+          "| B clip, ratio min-max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in dict.fromkeys(k[0] for k in rb):
         pairs = [(ra[k], rb[k]) for k in sorted(rb) if k[0] == m and k in ra]

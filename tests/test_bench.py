@@ -292,7 +292,8 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
         "d3s": ["s_init", "s_final", "t_init", "t_final"], "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
         "entropy": []}  # entropy keeps its fixed t_keep 0.2
     _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out", str(tmp_path),
-                                              "--s_init", "0.5", "--s_final", "0.9", "--t_init", "0.3", "--t_final", "0.8"]))
+                                              "--s_init", "0.5", "--s_final", "0.9", "--t_init", "0.3",
+                                              "--t_final", "0.8"]))
     # no error: train.py refuses a ratio a method would ignore. config.json records what each applies:
     # 1 where it keeps everything, entropy's fixed 0.2, init = final without a schedule
     got = {c.method: (c.s_init, c.s_final, c.t_init, c.t_final) for c in cfgs}
@@ -374,7 +375,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         assert [h["accuracy"] for h in run["history"]] == pytest.approx(accs[m], abs=5e-4 + 1e-9)
         # its train.py command line is this very run
         cfg, given = config.parse_args(train.Config, run["command"].split()[2:])
-        assert bench.as_json(config.resolve(cfg, given)) == json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        saved = json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        assert bench.as_json(config.resolve(cfg, given)) == saved
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 -> 0.75,
     # and round(0.7 * valid) tokens at the last step (t_final 0.7)
     assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 4 + 6

@@ -181,12 +181,11 @@ def test_the_new_checkpoint_is_on_disk_before_the_old_one_goes(tmp_path, saved_p
     checkpoint.save(str(tmp_path), model, tok, opt, 1, [], 0)
     events = []
     real_fsync, real_replace, real_rmtree = checkpoint.fsync, os.replace, shutil.rmtree
-    monkeypatch.setattr(checkpoint, "fsync", lambda p: (events.append(("fsync", os.path.relpath(p, tmp_path))),
-                                                       real_fsync(p)))
-    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append(("replace", os.path.relpath(a, tmp_path),
-                                                                               os.path.relpath(b, tmp_path))),
+    rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731
+    monkeypatch.setattr(checkpoint, "fsync", lambda p: (events.append(("fsync", rel(p))), real_fsync(p)))
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append(("replace", rel(a), rel(b))),
                                                                  real_replace(a, b)))
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda p, **k: (events.append(("rmtree", os.path.relpath(p, tmp_path))),
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda p, **k: (events.append(("rmtree", rel(p))),
                                                                      real_rmtree(p, **k)))
     checkpoint.save(str(tmp_path), model, tok, opt, 2, [], 0)
     swap = events.index(("replace", "checkpoint.tmp", "checkpoint"))
@@ -256,8 +255,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
     out = tmp_path / "term"
     proc = subprocess.Popen([sys.executable, "train.py", "--model", tiny_dir, "--out_dir", str(out), "--steps", "500",
                              "--save_every", "1000", "--eval_every", "0", "--eval_size", "4", "--prompts_per_step", "2",
-                             "--group_size", "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                             "--group_size", "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     lines = []
     for line in proc.stdout:  # wait for two step lines, then send what a scheduler sends
         lines.append(line)

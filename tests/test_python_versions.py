@@ -233,7 +233,8 @@ def python310():
     """A working Python 3.10 interpreter, or None: python3.10 on PATH first, then pyenv's 3.10s.
     (A pyenv shim is on PATH even where 3.10 is not the selected version, and then it fails to run.)"""
     pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
-    candidates = [shutil.which("python3.10")] + sorted(glob.glob(os.path.join(pyenv, "versions", "3.10*", "bin", "python3.10")))
+    candidates = [shutil.which("python3.10")]
+    candidates += sorted(glob.glob(os.path.join(pyenv, "versions", "3.10*", "bin", "python3.10")))
     for exe in filter(None, candidates):
         try:
             proc = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2] == (3, 10))"],

@@ -169,7 +169,8 @@ def test_config_knobs_are_train_pys(tmp_path):
     (dict(loss_type="grpo"), "dapo"),
     (dict(top_entropy_quantile=0.2), "method='entropy'"),
     (dict(method="grpo", s_init=0.5), r"s_init 0.5 does not apply to method 'grpo': it trains with \(rho_s, rho_t\) "
-                                      r"\(1.0, 1.0\) at the first step and \(1.0, 1.0\) at the last, whatever s_init is"),
+                                      r"\(1.0, 1.0\) at the first step and \(1.0, 1.0\) at the last, "
+                                      r"whatever s_init is"),
 ])
 def test_config_refuses(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message):

@@ -297,7 +297,8 @@ def test_k2_gspo_and_grpo_part_ways_and_the_log_shows_the_clip(tmp_path, tiny_di
         # of 4 rollouts, one of two mini-batches may keep none, and then it takes no step)
         train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), method="grpo", loss=loss,
                                  **{**SMALL, "updates_per_batch": 2, "lr": 1e-3, "steps": 1, "save_every": 1,
-                                    "prompts_per_step": 8, "group_size": 8}), log=lambda *a: None)  # 4 x 4 had no signal
+                                    "prompts_per_step": 8, "group_size": 8}),  # 4 x 4 had no signal
+                    log=lambda *a: None)
         logs[loss], after[loss] = rows(run_dir)[0], weights(run_dir / "checkpoint")
     for loss, r in logs.items():
         assert r["updates"] == 2 and len(r["losses"]) == 2
