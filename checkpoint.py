@@ -67,6 +67,18 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def fresh(run_dir):
+    """The folder of a fresh run: created, or emptied of what an earlier run left there (its log, its
+    selection pages, its checkpoint), so that nothing of it is ever resumed or plotted as this run's."""
+    os.makedirs(run_dir, exist_ok=True)
+    for old in ("log.jsonl", "log.jsonl.cut", "selection", "checkpoint", "checkpoint.tmp", "checkpoint.old"):
+        path = os.path.join(run_dir, old)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
 def fsync(path):
     """Flush a file, or a folder's entries, to disk."""
     fd = os.open(path, os.O_RDONLY)

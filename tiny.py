@@ -54,6 +54,7 @@ rule, about 1000 of them held out; 4 terms list all 10**4, exactly as before.
 
 Train and test never share a question: a question's split is a hash of its text.
 """
+import functools
 import hashlib
 import json
 import os
@@ -180,13 +181,17 @@ def problems(split="train", limit=None, seed=0, terms=NUM_TERMS):
     """All questions of a split as {"prompt", "answer"} rows, shuffled by `seed` (deterministic)."""
     if split not in ("train", "test"):
         raise ValueError(f"tiny has splits train and test, got split={split!r}")
-    rows = []
-    for digits in questions(terms):
-        question = "+".join(map(str, digits))
-        if _is_test(question) == (split == "test"):
-            rows.append({"prompt": question, "answer": str(sum(digits) % 10)})
+    rows = [{"prompt": q, "answer": a} for q, a in _split(terms)[split == "test"]]
     random.Random(seed).shuffle(rows)
     return rows[:limit] if limit is not None else rows
+
+
+@functools.lru_cache(maxsize=None)
+def _split(terms):
+    """(train, test) (question, answer) pairs of a world in counting order, computed once per process
+    (hashing 10**4 questions is most of what a tiny run spends loading its data)."""
+    pairs = [("+".join(map(str, d)), str(sum(d) % 10)) for d in questions(terms)]
+    return [p for p in pairs if not _is_test(p[0])], [p for p in pairs if _is_test(p[0])]
 
 
 # -----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -121,14 +120,8 @@ def train(cfg, log=print, given=None):
         optimizer.load_state_dict(state["optimizer"])
         start, history, tokens_trained = state["step"], state["history"], state["tokens_trained"]
         log(f"resuming {run_dir} at step {start}")
-    else:  # a fresh run in an old folder replaces the old run's log, pages and checkpoint
-        os.makedirs(run_dir, exist_ok=True)
-        for old in ("log.jsonl", "log.jsonl.cut", "selection", "checkpoint", "checkpoint.tmp", "checkpoint.old"):
-            path = os.path.join(run_dir, old)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
+    else:
+        checkpoint.fresh(run_dir)  # a new folder, or an old run's folder emptied of its log, pages and checkpoint
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
     log(f"run {run_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
@@ -147,7 +140,8 @@ def train(cfg, log=print, given=None):
                     history.append({"step": step, "tokens": tokens_trained, "accuracy": acc})
                     say(f"eval step {step} | held-out accuracy {acc:.3f} ({len(eval_set)} {cfg.dataset} test prompts, "
                         f"greedy)")
-                    plots.plot_run(run_dir, history)  # RUN/curves.png
+                    if step > 0:  # RUN/curves.png (before the first step there is nothing to draw)
+                        plots.plot_run(run_dir, history)
                     if wandb_run:
                         wandb_run.log({"accuracy": acc}, step=step)
                 if step > start and due(step, cfg.save_every, cfg.steps, first=False):
