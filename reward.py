@@ -42,6 +42,7 @@ seconds, main thread only; in a worker thread they raise), so we switch them off
 import logging
 import re
 import signal
+import sys
 import threading
 from fractions import Fraction
 
@@ -54,6 +55,7 @@ REL_TOL = 1e-6            # a rounded decimal equals a fraction when |a - b| <= 
 MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53 [ours]
 MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only [ours]
 DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison [ours]
+RETRY_S = 0.02            # after the deadline, the alarm repeats this often until it lands (_with_deadline)
 
 # We enforce our own time limits (see _with_deadline); math-verify's warnings that its own are
 # off, and its per-timeout warnings, would only repeat that on every call.
@@ -408,15 +410,23 @@ def _with_deadline(fn, seconds):
     def on_alarm(signum, frame):
         raise _OutOfTime()
 
-    old = signal.signal(signal.SIGALRM, on_alarm)
+    # [ours] The handler raises wherever the interpreter happens to be, and Python ignores an exception
+    # raised inside a weakref callback or a __del__; sympy's caches fire such callbacks all the time, so
+    # in a process with a large heap about one alarm in two was swallowed and sympy ran on unfenced (1.8 s
+    # for a 0.5 s deadline, measured in the full test suite). So the alarm repeats every RETRY_S until one
+    # lands, and the swallowed ones are not reported as "Exception ignored".
+    old, hook = signal.signal(signal.SIGALRM, on_alarm), sys.unraisablehook
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, _OutOfTime) else hook(u)
     try:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        signal.setitimer(signal.ITIMER_REAL, seconds, RETRY_S)
         try:
             return fn()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    finally:  # a separate finally: restore the handler even if the alarm fires in the one above
+    finally:  # again: an alarm may have cut the line above short (the next one is RETRY_S away)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        sys.unraisablehook = hook
 
 
 # math-verify's default extraction (LaTeX, then plain expressions), with its unit stripping switched

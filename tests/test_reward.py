@@ -464,6 +464,31 @@ def test_deadline_counts_timeouts(warm):
     assert rewards == [0.0] and stats["timeout"] == 1
 
 
+def test_deadline_survives_a_swallowed_alarm():
+    """Python ignores an exception raised inside a weakref callback, and sympy fires such callbacks all
+    the time: the first alarm can be swallowed. Here fn swallows the first one itself, as such a callback
+    would; the deadline must still stop it, not let it run its 3 s."""
+    swallowed = []
+
+    def stubborn():
+        end = time.perf_counter() + 3
+        while time.perf_counter() < end:
+            try:
+                while time.perf_counter() < end:
+                    pass
+            except reward._OutOfTime:
+                if swallowed:
+                    raise
+                swallowed.append(1)
+        return "ran to the end"
+
+    t0 = time.perf_counter()
+    with pytest.raises(reward._OutOfTime):
+        reward._with_deadline(stubborn, 0.2)
+    assert swallowed and time.perf_counter() - t0 < 0.5
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
 def test_deadline_leaves_a_running_timer_alone():
     # Someone else's SIGALRM timer (pytest-timeout, the caller's) is neither clobbered nor cancelled.
     fired = []
