@@ -8,6 +8,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
+try:
+    import fcntl  # POSIX: a lock around building the tiny model
+except ImportError:
+    fcntl = None
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is absent")
@@ -19,7 +24,11 @@ def tiny_dir():
     uses, so it is built once (~30 s on 2 cores) for the tests and the runs alike. tiny.pretrained rebuilds
     it when it is missing, incomplete or from another version of tiny.py. Tests read it, never write it."""
     import tiny
-    return tiny.pretrained(str(ROOT / "out" / "tiny"), log=lambda *a: None)
+    (ROOT / "out").mkdir(exist_ok=True)
+    with open(ROOT / "out" / "tiny.lock", "w") as lock:  # pytest's two processes (-n 2) build it once, in turn
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return tiny.pretrained(str(ROOT / "out" / "tiny"), log=lambda *a: None)
 
 
 @pytest.fixture(scope="module")

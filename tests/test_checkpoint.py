@@ -251,12 +251,17 @@ def test_an_incomplete_or_corrupt_run_folder_is_one_line(tmp_path, capsys):
     assert "written by another version" in exit_2(["--resume", str(tmp_path / "half")], capsys)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
+def test_real_processes_sigterm_saves_and_exits_143_bad_input_is_one_line(tmp_path, tiny_dir):
+    """Two real `python train.py` processes, side by side (each mostly imports): one is stopped by SIGTERM
+    after two steps; the other gets a bad flag and must print one line on stderr and nothing else."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    bad = subprocess.Popen([sys.executable, "train.py", "--s_final=2"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
     out = tmp_path / "term"
     proc = subprocess.Popen([sys.executable, "train.py", "--model", tiny_dir, "--out_dir", str(out), "--steps", "500",
                              "--save_every", "1000", "--eval_every", "0", "--eval_size", "4", "--prompts_per_step", "2",
                              "--group_size", "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                            text=True, env=env)
     lines = []
     for line in proc.stdout:  # wait for two step lines, then send what a scheduler sends
         lines.append(line)
@@ -269,3 +274,5 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_dir):
     assert not any("\r" in line for line in lines)  # piped: plain lines, no progress bar
     step = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["step"]
     assert step >= 2 and len(rows(out)) == step
+    stdout, stderr = bad.communicate(timeout=120)
+    assert (bad.returncode, stderr.strip(), stdout) == (2, "error: --s_final must be in (0, 1], got 2.0", "")
