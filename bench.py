@@ -3,7 +3,7 @@ Does D3S learn more with less? Train every method with every seed on a tiny worl
 say with what confidence each one learns faster or slower than GRPO.
 
     python bench.py --methods grpo,d3s --seeds 2 --steps 20 --jobs 2 --threads 1     # a few minutes
-    python bench.py --methods all --seeds 5 --jobs 2 --threads 1                     # the README's table
+    python bench.py --methods all --seeds 5 --jobs 2 --threads 1                     # a table like docs/study.md's
     python bench.py --methods grpo,d3s --seeds 1 --steps 2 --prompts_per_step 2 --group_size 4  # smoke test
     # the study's protocol (docs/study.md): each method's lr from a grid on tuning seeds 100, 101 ...
     python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --out out/tune

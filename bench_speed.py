@@ -2,10 +2,10 @@
 How fast is one training step? train.py (grpo, d3s) and TRL's GRPOTrainer on exactly the same model,
 prompts and settings, one after the other, in one run.
 
-    python bench_speed.py                                        # the README's table (GSM8K and the Qwen2.5 tokenizer)
-    python bench_speed.py --data_dir DATA --tokenizer FOLDER     # offline: local copies
-    python bench_speed.py --model tiny --dataset tiny --steps 3                          # the tiny world, seconds
-    python bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda                               # a real model on a GPU
+    python bench_speed.py                                         # docs/speed.md's table (GSM8K, Qwen2.5 tokenizer)
+    python bench_speed.py --data_dir DATA --tokenizer FOLDER      # offline: local copies
+    python bench_speed.py --model tiny --dataset tiny --steps 3   # the tiny world, seconds
+    python bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda # a real model on a GPU
 
 --model smollm2-135m-random (the default) is SmolLM2-135M's shape (a Llama: 30 layers, hidden 576, 9
 heads, 3 KV heads, MLP 1536, tied embeddings) with random weights and the vocabulary of --tokenizer,

@@ -183,13 +183,15 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="'tiny', a local folder, a short name (Qwen2.5-0.5B) or a hub id")
     p.add_argument("--benchmarks", default="tiny",
-                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files; or 'all' (= {','.join(BENCHMARKS)})")
+                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files; or 'all' "
+                        f"(= {','.join(BENCHMARKS)})")
     p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--max_new_tokens", type=int, default=1024, help="generation stops earlier at EOS")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
-    p.add_argument("--data_dir", default=None, help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
+    p.add_argument("--data_dir", default=None,
+                   help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
     p.add_argument("--batch_size", type=int, default=64, help="completions per generate call (halved on OOM)")
     p.add_argument("--out", default=None, help="JSONL of every generation (default out/eval/<model>.jsonl); "
                                                "the table goes to the same stem + .json")

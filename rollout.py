@@ -291,7 +291,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     generated position, recorded while decoding (see the module docstring).
     cache: how `generate` keeps its keys and values, the same samples every way (up to float rounding):
       prefix  [ours] the decoder runs once over each prompt and its KV cache is copied to the prompt's
-              G rows, instead of G identical prefills (the default: measured faster, see README)
+              G rows, instead of G identical prefills (the default: measured faster, docs/speed.md)
       plain   transformers' default dynamic cache, every row prefilled on its own
       static  a preallocated static cache: on a GPU transformers then compiles the decode step
     """

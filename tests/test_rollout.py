@@ -145,7 +145,8 @@ def test_stop_at_token_3_gives_4_mask_positions_and_truncation(tok, model):
     model.generation_config.eos_token_id = [tok.eos_token_id, s]
     r = rollout.generate_groups(model, tok, PROMPTS, 1, N, temperature=0)
 
-    assert r.completion_mask[0].sum() == 4 and r.completion_mask[0].tolist() == [True] * 4 + [False] * (r.completion_ids.shape[1] - 4)
+    assert r.completion_mask[0].sum() == 4
+    assert r.completion_mask[0].tolist() == [True] * 4 + [False] * (r.completion_ids.shape[1] - 4)
     assert r.completion_ids[0, :4].tolist() == row0[:4] and not r.truncated[0]
     assert r.texts[0] == tok.decode(row0[:3])  # without the stop token
     # every other row: cut at its first stop id, as predicted from the free run
