@@ -15,6 +15,9 @@ batch for everyone: --prompts_per_step GSM8K prompts (data.format_prompt) x --gr
 --max_new_tokens, temperature 1, learning rate 1e-6, --steps steps; seconds per step are the median
 over steps 2.. (the first warms up allocators and caches).
 
+Every configuration trains on the same seeded coin-flip rewards (coin_flips): a model with random
+weights never answers right, and a step with nothing to learn skips its update in train.py.
+
 Each configuration runs in its own process, so that its peak memory is its own (RSS on a CPU,
 torch.cuda.max_memory_allocated on a GPU) and nothing is shared or cached between them:
   train.py grpo, train.py d3s    train.train() at the real-model defaults (--generation prefix), but one
@@ -23,7 +26,7 @@ torch.cuda.max_memory_allocated on a GPU) and nothing is shared or cached betwee
                                  the no-grad one included) and t_upd (everything after generation)
   train.py grpo (plain generate) the same with --generation plain: what the prefix cache saves
   TRL GRPOTrainer                trl's GRPOTrainer, per_device_train_batch_size = P x G, num_generations
-                                 G, the same prompts, reward.grade, loss_type dapo, beta 0, no gradient
+                                 G, the same prompts and rewards, loss_type dapo, beta 0, no gradient
                                  checkpointing; timed by wrapping model.generate, _prepare_inputs and
                                  training_step, and a callback around each optimizer step
 Columns: gen (generation), fwd+bwd (forward and backward passes), rest (rewards, selection, the
@@ -33,6 +36,7 @@ ratio to train.py grpo's, peak memory. Writes OUT/speed.json and OUT/speed.md.
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -85,8 +89,24 @@ def peak_memory(device):
 # one configuration, in its own process
 
 
+def coin_flips(n, call):
+    """[ours] The rewards every configuration trains on: n seeded coin flips (0/1) for its call-th batch.
+    A model with random weights never answers right, so with the real grader every reward would be 0,
+    every advantage 0, and train.py would skip each update as having nothing to learn (TRL would run it
+    on zeros): the speed of a step with a signal is what is measured, whatever the model knows."""
+    rng = random.Random(call)
+    return [float(rng.random() < 0.5) for _ in range(n)]
+
+
 def run_train(args, folder, method, generation):
     import train
+    calls = []
+
+    def score(texts, references, truncated=None):  # train.score's signature and stats, coin-flip rewards
+        calls.append(1)
+        return coin_flips(len(texts), len(calls)), {"n": len(texts), "correct": 0, "no_answer": 0, "timeout": 0,
+                                                     "error": 0, "accuracy": 0.0}
+    train.score = score
     knobs = dict(model=folder, dataset=args.dataset, data_dir=args.data_dir or "", method=method, steps=args.steps,
                  prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                  lr=1e-6, updates_per_batch=1, eval_size=1, eval_every=0, save_every=0, generation=generation,
@@ -107,7 +127,6 @@ def run_trl(args, folder):
 
     from data import format_prompt, load_problems
     from model import load_model
-    from reward import grade
     from rollout import stop_token_ids
     device = resolved_device(args.device)
     model, tok = load_model(folder, device="cpu", dtype="float32")
@@ -118,8 +137,11 @@ def run_trl(args, folder):
                                       args.prompts_per_step, 0)]
     dataset = Dataset.from_list([{"prompt": format_prompt(tok, r["prompt"]), "answer": str(r["answer"])} for r in rows])
 
-    def correctness(completions, answer, **kw):
-        return [grade(c, a) for c, a in zip(completions, answer)]
+    calls = []
+
+    def correctness(completions, answer, **kw):  # the same coin flips as train.py's runs, batch by batch
+        calls.append(1)
+        return coin_flips(len(completions), len(calls))
 
     times = {"gen": [], "prepare": [], "train_step": [], "step": []}
 
