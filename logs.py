@@ -17,7 +17,8 @@ import d3s
 
 def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates, **extra):
     """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). Means over the
-    updates are weighted by each update's kept tokens."""
+    updates are weighted by each update's kept tokens; `updates` counts the optimizer steps taken (fewer
+    than K when a mini-batch had nothing to learn, 0 with no_signal)."""
     valid, n = kept.completion_mask, max(sum(u["tokens"] for u in updates), 1)
 
     def mean(key, empty):
@@ -32,6 +33,7 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
         "loss": sum(u["loss"] for u in updates) / len(updates) if updates else 0.0,
         "losses": [u["loss"] for u in updates], "updates": len(updates),
+        "no_signal": not updates,  # the update was skipped: nothing to learn (NO_SIGNAL)
         "grad_norm": sum(u["grad_norm"] for u in updates) / len(updates) if updates else 0.0,
         "clip_frac": mean("clip_frac", 0.0), "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
         "ratio_min": min((u["ratio_min"] for u in updates), default=1.0),

@@ -72,7 +72,7 @@ class Config:
     clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low, by --loss (gspo: GSPO's own)
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high, by --loss
     beta: float = 0.0                   # k3 KL to the initial model (0: no reference model is kept)
-    # speed and memory: none of these changes what is computed
+    # speed and memory: none of these changes what is computed (beyond float rounding)
     micro_batch_size: int = pick(tiny=128, real=16)  # kept rollouts per forward/backward
     gen_batch_size: int = 0             # rollouts per generate call (0: all at once)
     generation: str = "prefix"          # KV cache: prefix (a prompt's cache once for its G samples) | plain | static

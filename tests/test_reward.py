@@ -261,7 +261,7 @@ def test_case_table_is_large_enough():
 
 
 # -----------------------------------------------------------------------------
-# Words after a number (issue 20): units are dropped, mathematics never is, scale words multiply,
+# Words after a number: units are dropped, mathematics never is, scale words multiply,
 # mixed numbers add. Each row: (answer, reference, verdict). The rows marked "was 1" / "was 0" got
 # the other verdict before: the old shortcut removed any \text{}/\mathrm{} and any trailing words
 # of two letters or more, and math-verify's own unit stripping removed single letters and "ab".

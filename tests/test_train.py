@@ -237,7 +237,8 @@ def test_a_run_where_every_reward_is_0_changes_nothing(tmp_path, tiny_dir):
     _, lines, run_dir = run(tmp_path, "zero", tiny_dir, max_new_tokens=2, steps=3, updates_per_batch=2,
                             eval_every=0, save_every=0)
     log = rows(run_dir)
-    assert [(r["reward"], r["updates"], r["t_fb"], r["tokens"]) for r in log] == [(0.0, 0, 0.0, 0)] * 3
+    got = [(r["reward"], r["updates"], r["no_signal"], r["t_fb"], r["tokens"]) for r in log]
+    assert got == [(0.0, 0, True, 0.0, 0)] * 3
     assert all("upd skipped: no signal" in line for line in lines if line.startswith("step "))
     assert "3 of 3 steps had nothing to learn" in lines[-1]
     before, after = weights(tiny_dir), weights(run_dir / "checkpoint")
@@ -291,6 +292,19 @@ def test_one_step_of_signal_among_skipped_ones(tmp_path, tiny_dir, one_step_of_s
             assert three[0][key] == one[0][key], key
     a, b = weights(tmp_path / "three" / "checkpoint"), weights(tmp_path / "one" / "checkpoint")
     assert all(torch.equal(a[k], b[k]) for k in a)  # the skipped steps moved nothing
+    # stopped after the skipped step 1 and resumed: the same rows and weights as straight through
+
+    def stop_after_step_1(line):
+        if line.startswith("step    1 "):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **{**SMALL, **kw}),
+                    log=stop_after_step_1)
+    train.train(train.Config(resume=str(tmp_path / "cut")), log=lambda *a: None)
+    cut = rows(tmp_path / "cut")
+    assert [r["step"] for r in cut] == [0, 1, 2] and [r["losses"] for r in cut] == [r["losses"] for r in three]
+    c = weights(tmp_path / "cut" / "checkpoint")
+    assert all(torch.equal(a[k], c[k]) for k in a)
     # with a KL term the same steps are not skipped, and the weights move (the policy is no longer the reference)
     run(tmp_path, "kl3", tiny_dir, **{**kw, "beta": 0.1})
     run(tmp_path, "kl1", tiny_dir, **{**kw, "beta": 0.1, "steps": 1})
