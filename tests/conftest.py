@@ -1,4 +1,5 @@
 """Shared test setup: everything offline, CPU-only, and deterministic."""
+import json
 import os
 from pathlib import Path
 
@@ -29,6 +30,34 @@ def tiny_dir():
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
         return tiny.pretrained(str(ROOT / "out" / "tiny"), log=lambda *a: None)
+
+
+# -----------------------------------------------------------------------------
+# what a train.py run left, and its one-line errors
+
+
+def rows(run_dir):
+    """The rows of a run's log.jsonl."""
+    with open(run_dir / "log.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(folder):
+    """The weights of an HF folder, as a state dict."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def exit_2(argv, capsys):
+    """`python train.py ARGV` in-process must exit with 2 and one line on stderr; returns that line."""
+    import config
+    import train
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import checkpoint
 import config
 import train
-from conftest import ROOT
+from conftest import ROOT, exit_2, rows, weights
 from model import load_model
 
 # K = 2 (the mini-batch shuffle draws random numbers), an evaluation after every step, a checkpoint every 2
@@ -25,15 +24,6 @@ KW = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=4, eval_every=1, 
 COMPARED = ("step", "reward", "kept", "tokens", "valid", "losses", "grad_norm", "tokens_trained", "rho_s", "rho_t")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-
-def rows(run_dir):
-    with open(run_dir / "log.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def weights(folder):
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
 
 def trained(run_dir):
@@ -197,15 +187,6 @@ def test_the_new_checkpoint_is_on_disk_before_the_old_one_goes(tmp_path, saved_p
 
 
 # ----------------------------------------------------------------------------- resuming: what may change
-
-
-def exit_2(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        config.main(train.Config, train.train, argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def test_resume_refuses_flags_that_would_change_the_run(tmp_path, tiny_dir, capsys):

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import config
 import d3s
 import tiny
 import train
-from conftest import ROOT
+from conftest import ROOT, exit_2, rows, weights
 
 SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2,
              updates_per_batch=1, lr=1e-4)  # the values these tests were written at (defaults: K = 4, lr 5e-5)
@@ -28,15 +28,6 @@ def run(tmp_path, name, model, **kw):
     lines = []
     history = train.train(cfg, log=lines.append)
     return history, lines, tmp_path / name
-
-
-def rows(run_dir):
-    with open(run_dir / "log.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def weights(folder):
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
 
 def test_steps_change_the_model_and_write_log_config_checkpoint(tmp_path, tiny_dir):
@@ -113,15 +104,6 @@ BAD = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_dir, capsys, argv, message):
     assert message in exit_2(["--model", tiny_dir, "--out_dir", str(tmp_path / "bad")] + argv, capsys)
     assert not (tmp_path / "bad").exists()  # refused before any work
-
-
-def exit_2(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        config.main(train.Config, train.train, argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def test_eval_and_save_every_0_mean_only_at_the_end_and_curves_are_drawn(tmp_path, tiny_dir):

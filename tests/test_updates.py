@@ -1,17 +1,15 @@
 """The update of train.py: several optimizer steps per rollout batch (K), the ratio and the clip,
 GSPO's sequence ratio, micro-batches cut to their own span, and the entropy recorded while sampling.
 Each test compares against a hand-written reference: the plain full-width computation."""
-import json
-
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import config
 import d3s
 import rollout
 import tiny
 import train
+from conftest import rows, weights
 from data import format_prompt, load_problems
 from model import load_model
 from reward import score
@@ -21,15 +19,6 @@ SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-
-def rows(run_dir):
-    with open(run_dir / "log.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def weights(folder):
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
 
 def no_precision():
