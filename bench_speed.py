@@ -98,15 +98,20 @@ def coin_flips(n, call):
     return [float(rng.random() < 0.5) for _ in range(n)]
 
 
-def run_train(args, folder, method, generation):
-    import train
+def coin_flip_score():
+    """A stand-in for reward.score (its signature and stats) that gives coin_flips, batch after batch."""
     calls = []
 
-    def score(texts, references, truncated=None):  # train.score's signature and stats, coin-flip rewards
+    def score(texts, references, truncated=None):
         calls.append(1)
         return coin_flips(len(texts), len(calls)), {"n": len(texts), "correct": 0, "no_answer": 0, "timeout": 0,
                                                      "error": 0, "accuracy": 0.0}
-    train.score = score
+    return score
+
+
+def run_train(args, folder, method, generation):
+    import train
+    train.score = coin_flip_score()
     knobs = dict(model=folder, dataset=args.dataset, data_dir=args.data_dir or "", method=method, steps=args.steps,
                  prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                  lr=1e-6, updates_per_batch=1, eval_size=1, eval_every=0, save_every=0, generation=generation,

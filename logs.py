@@ -50,7 +50,8 @@ def step_line(r, K):
     if r["updates"] == 0:
         update = "upd skipped: no signal"  # NO_SIGNAL
     else:
-        update = f"grad {r['grad_norm']:.2f}" + (f" | updates {r['updates']}/{K}" if r["updates"] < K else "")
+        parts = min(K, r["kept"])  # the mini-batches: K, or one a rollout when fewer were kept
+        update = f"grad {r['grad_norm']:.2f}" + (f" | updates {r['updates']}/{parts}" if r["updates"] < parts else "")
         update += f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}" if K > 1 else ""
     return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | kept {r['kept']}/"
             f"{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | "

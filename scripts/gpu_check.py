@@ -5,10 +5,14 @@ defaults, to measure seconds per step (generate / update) and peak GPU memory.
 There is no hub on the GPU machine either, so the model is Qwen2.5-0.5B's architecture built from
 its config with random weights, and the tokenizer is the real Qwen2.5 one from a local folder. A
 random model never writes a stop token: every completion runs to max_new_tokens, which makes this
-the slowest case for generation (a trained model stops earlier).
+the slowest case for generation (a trained model stops earlier). It never answers right either, so
+the rewards are bench_speed.py's seeded coin flips: with the real grader every advantage would be 0
+and train.py would skip every update, measuring nothing.
 
     python scripts/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
     python scripts/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA     # offline: local copies
+    python scripts/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 --data_dir ../shared/data
+                                                    # a 2-layer model and a small batch, on a CPU, in a minute
 """
 import argparse
 import json
@@ -20,6 +24,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_speed  # noqa: E402
 import config  # noqa: E402
 import train  # noqa: E402
 
@@ -29,7 +34,7 @@ parser.add_argument("--data_dir", default="", help="local copies laid out as NAM
 parser.add_argument("--out", default="out/gpu_check")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--dry_run", action="store_true",
-                    help="a 2-layer, 64-wide model of the same vocabulary, to test this script on a CPU")
+                    help="a 2-layer, 64-wide model of the same vocabulary and a small batch: this script on a CPU")
 args, rest = parser.parse_known_args()
 
 # Qwen2.5-0.5B's config.json, as published (24 layers, 896 wide, GQA 14/2 heads, tied embeddings)
@@ -55,9 +60,11 @@ del model
 
 if torch.cuda.is_available():
     torch.cuda.reset_peak_memory_stats()
+train.score = bench_speed.coin_flip_score()  # see the docstring
+small = ["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "16", "--eval_size", "4"]
 argv = ["--model", folder, "--data_dir", args.data_dir, "--steps", str(args.steps), "--eval_every", str(args.steps),
         "--eval_size", "64", "--save_every", "1000", "--out_dir", os.path.join(args.out, "run")]
-cfg, given = config.parse_args(train.Config, argv + rest)
+cfg, given = config.parse_args(train.Config, argv + (small if args.dry_run else []) + rest)
 t0 = time.time()
 train.train(cfg, given=given)
 wall = time.time() - t0
