@@ -142,8 +142,8 @@ def parse_args(config_class, argv, description=""):
     parser = OneLineParser(description=description)
     comments = knob_comments(config_class)
     for f in dataclasses.fields(config_class):
-        values = f.metadata.get("pick", {"": f.default})
-        value = ", ".join(f"{k} {v!r}".strip() for k, v in values.items())
+        values = f.metadata.get("pick", {"default": f.default})  # a pick() knob: each of its values
+        value = ", ".join(f"{k} {v!r}" for k, v in values.items())
         parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type, default=argparse.SUPPRESS,
                             metavar=f.type.__name__.upper(),
                             help=f"{comments.get(f.name, '')} ({value})".replace("%", "%%"))
