@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The study of docs/study.md: does D3S learn faster per step than GRPO? Every command, in order.
+# The study of docs/study.md: does D3S learn faster per rollout batch than GRPO? Every command, in order.
 #
 #   bash scripts/study.sh tune     # learning rates (and K) on tuning seeds 100-101: about 70 minutes
 #   bash scripts/study.sh run      # the study itself on seeds 0-7: about 100 minutes
@@ -34,7 +34,7 @@ run)
   # E: D under GSPO's sequence ratio and clip range (--loss gspo)
   python bench.py --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-adamw-k-gspo
-  # B: today's world, SGD with momentum, no gradient clip: where Var(A) should move the step size
+  # B: today's world, SGD with momentum, no gradient clip: where a larger gradient norm is a larger step
   python bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --tuned out/study/tune-tiny-sgd/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-sgd
   # C: the longer-chain world (8 terms, 50-token solutions), AdamW, the tiny world's learning rates [a
