@@ -15,6 +15,11 @@ Nothing else decides a value: config.json in the run folder records every knob a
 A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5),
 and config.json records the keep ratios each method applies (1 where it keeps everything). Bad
 values are one line on stderr and exit code 2 (main).
+
+[ours] The command line is plain argparse over the dataclass, with each knob's help read from its
+trailing comment in the config block. transformers' HfArgumentParser (what TRL's scripts use) would
+need the help in field(metadata=...), off the knob's line, and prints usage before its error; nanoGPT's
+configurator execs assignments, with no --help and no types. Neither knows a pick() knob.
 """
 import argparse
 import dataclasses
