@@ -73,21 +73,19 @@ def resolve(cfg, given=None):
 
 
 def applied_ratios(cfg):
-    """{knob: (the value the method applies, why)} for the four keep ratios: 1 where the method keeps
-    every rollout or token, the 80/20 baseline's fixed share, and init = final without a schedule."""
+    """{knob: (the value the method applies, why)} for the four keep ratios: the first and the last
+    step's ratios as d3s.applied_ratios gives them (1 where the method keeps every rollout or token,
+    the 80/20 baseline's fixed share), init = final without a schedule."""
     method = d3s.METHODS[cfg.method]
-    out = {}
-    if method["schedule"] == "constant":
-        out.update(s_final=(cfg.s_init, "it has no schedule, rho_s stays at --s_init"),
-                   t_final=(cfg.t_init, "it has no schedule, rho_t stays at --t_init"))
-    if method["sample"] == "none":
-        out.update(s_init=(1.0, "it keeps every rollout"), s_final=(1.0, "it keeps every rollout"))
-    if method["token"] == "none":
-        out.update(t_init=(1.0, "it keeps every token"), t_final=(1.0, "it keeps every token"))
-    elif "t_keep" in method:
-        why = f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens"
-        out.update(t_init=(method["t_keep"], why), t_final=(method["t_keep"], why))
-    return {name: out.get(name, (getattr(cfg, name), "")) for name in ("s_init", "s_final", "t_init", "t_final")}
+    constant = method["schedule"] == "constant"
+    s_init, t_init = d3s.applied_ratios(cfg.method, cfg.s_init, cfg.t_init)
+    s_final, t_final = d3s.applied_ratios(cfg.method, *((cfg.s_init, cfg.t_init) if constant else
+                                                         (cfg.s_final, cfg.t_final)))
+    why_s = "it keeps every rollout" if method["sample"] == "none" else "it has no schedule, rho_s stays at --s_init"
+    why_t = ("it keeps every token" if method["token"] == "none" else
+             f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens" if "t_keep" in method else
+             "it has no schedule, rho_t stays at --t_init")
+    return dict(s_init=(s_init, why_s), s_final=(s_final, why_s), t_init=(t_init, why_t), t_final=(t_final, why_t))
 
 
 def check(cfg):

@@ -216,9 +216,8 @@ def train(cfg, log=print, given=None):
                 if due(completed, cfg.eval_every, cfg.steps):  # the page of what this step kept (plots.py)
                     plots.write_selection(run_dir, plots.selection_record(
                         tokenizer, rollouts, [r["prompt"] for r in batch], [r["answer"] for r in batch], rewards,
-                        adv, idx, token_mask, scores, {**row, "method": cfg.method, "sample_mode": method["sample"],
-                                                       "token_mode": method["token"],
-                                                       **({} if updates else {"skipped_reason": NO_SIGNAL})}))
+                        adv, idx, token_mask, scores,
+                        {**row, "method": cfg.method, **({} if updates else {"skipped_reason": NO_SIGNAL})}))
                 signals.release()
         except KeyboardInterrupt:
             bar.close()
