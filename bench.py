@@ -299,7 +299,8 @@ def aggregate(results, keys):
             "step": steps, "acc_mean": acc.mean(axis=0).tolist(), "acc_ci": [mean_ci(list(a))[1] or 0.0 for a in acc.T],
             "tokens_mean": np.mean([[h["tokens"] for h in r["history"]] for r in runs], axis=0).tolist(),
             "grad_step": [s["step"] for s in runs[0]["steps"]],
-            "grad_mean": np.mean([[s["grad_norm"] for s in r["steps"]] for r in runs], axis=0).tolist()}
+            "grad_mean": np.nanmean([[np.nan if s["grad_norm"] is None else s["grad_norm"] for s in r["steps"]]
+                                     for r in runs], axis=0).tolist()}  # null: a step without an update
         row.update(
             seeds=[r["seed"] for r in runs],
             final=pct(mean_ci([r["history"][-1]["accuracy"] for r in runs])),

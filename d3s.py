@@ -377,13 +377,17 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
     tokens; seq_mask (N, T) bool, every valid completion token (default token_mask), used only by
     GSPO's s_i; num_tokens: the kept tokens of the whole update, so that several micro-batches add up
     to the gradient of one batch. For GSPO pass GSPO's own small eps (its paper: 3e-4 and 4e-4).
-    Returns (loss scalar, stats dict of floats over this call's kept tokens: clip_frac, ratio_mean,
-    ratio_min, ratio_max, and kl when beta > 0; no kept token gives loss 0, clip_frac 0, ratios 1, kl 0).
+    Returns (loss scalar, stats): 0-dim tensors over this call's kept tokens, so that the caller decides
+    when to wait for the device (train.py reads them once per update): ratio_mean, ratio_min,
+    ratio_max (1 with no kept token), kl (beta > 0), and the clip's share, clip_frac = clipped / signal
+    [ours]: `signal` counts the kept tokens that carry a policy gradient (A != 0; an A = 0 token has
+    none to clip), `clipped` those among them whose gradient the clip removes (ratio out of range on
+    the side A pushes). No kept token gives loss 0, clip_frac 0, ratios 1, kl 0.
     """
     seq_mask = token_mask if seq_mask is None else seq_mask
     num_tokens = _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_tokens, loss, eps_low, eps_high,
                                   ref_logp, beta)
-    kept = int(token_mask.sum())
+    kept = token_mask.sum()  # a tensor: nothing here waits for the device
 
     # masked_fill, not multiplication: padding may hold any value and must not reach the gradient
     delta = (logp - old_logp.detach()).masked_fill(~seq_mask, 0.0)  # (N, T) log-ratio per token
@@ -410,15 +414,18 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
         d = (ref_logp.detach() - logp).masked_fill(~token_mask, 0.0)  # only kept tokens enter the loss
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || ref), >= 0 per token
         per_token = per_token + beta * kl
-        stats["kl"] = kl.detach()[token_mask].mean().item() if kept else 0.0
+        stats["kl"] = kl.detach().masked_fill(~token_mask, 0.0).sum() / kept.clamp(min=1)
     loss_value = per_token.masked_fill(~token_mask, 0.0).sum() / num_tokens
     # clipped tokens are those where the min picks the clipped term, so their gradient is zero
     with torch.no_grad():
-        was_clipped = ((w < 1 - eps_low) & (a < 0)) | ((w > 1 + eps_high) & (a > 0))
-        stats["clip_frac"] = was_clipped[token_mask].float().mean().item() if kept else 0.0
-        stats["ratio_mean"] = w[token_mask].mean().item() if kept else 1.0
-        stats["ratio_min"] = w[token_mask].min().item() if kept else 1.0
-        stats["ratio_max"] = w[token_mask].max().item() if kept else 1.0
+        signal = token_mask & (a != 0)  # (N, T) the kept tokens with a policy gradient to lose
+        was_clipped = (((w < 1 - eps_low) & (a < 0)) | ((w > 1 + eps_high) & (a > 0))) & signal
+        stats["clipped"], stats["signal"] = was_clipped.sum(), signal.sum()
+        stats["clip_frac"] = stats["clipped"] / stats["signal"].clamp(min=1)
+        some, one = kept > 0, w.new_ones(())
+        stats["ratio_mean"] = torch.where(some, w.masked_fill(~token_mask, 0.0).sum() / kept.clamp(min=1), one)
+        stats["ratio_min"] = torch.where(some, w.masked_fill(~token_mask, math.inf).min(), one)
+        stats["ratio_max"] = torch.where(some, w.masked_fill(~token_mask, -math.inf).max(), one)
     return loss_value, stats
 
 # -----------------------------------------------------------------------------

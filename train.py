@@ -113,7 +113,7 @@ def train(cfg, log=print, given=None):
         ref_model = load_model(cfg.model, device=device, dtype=weight_dtype(cfg.dtype))[0].eval().requires_grad_(False)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    model.train()
+    disable_dropout(model).train()  # train mode for gradient checkpointing; no dropout: the ratio needs it
     optimizer = make_optimizer(model, cfg)
     start, history, tokens_trained = 0, [], 0
     if state is not None:
@@ -180,10 +180,12 @@ def train(cfg, log=print, given=None):
                 signals.hold = True  # from here the weights may move: a signal waits for the end of the batch
                 # [ours] with no advantage and no KL there is nothing to learn: the loss and its gradient are exactly 0
                 if cfg.beta > 0 or bool((adv_kept != 0).any()):
-                    # 5. the kept rollouts' entropy for step 6, and logp_old when K > 1: one forward, no gradient
-                    parts = micro_batches(kept, torch.arange(N, device=device), cfg.micro_batch_size)
+                    # 5. the kept rollouts' entropy for step 6, and logp_old when K > 1: one forward, no gradient,
+                    # cut into step 7's mini-batches and micro-batches (the same shapes give the same numbers)
+                    minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
+                                   for rows in minibatch_rows(N, K, generator)]
                     with fb:
-                        old_logp, entropy = entropy_and_old_logp(model, kept, parts, cfg, ctx, method["token"])
+                        old_logp, entropy = entropy_and_old_logp(model, kept, minibatches, cfg, ctx, method["token"])
 
                     # 6. token-level down-sampling: the top rho_t of |A| * H, pooled over every kept token of the step
                     token_mask = valid
@@ -191,15 +193,15 @@ def train(cfg, log=print, given=None):
                         scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T)
                         token_mask = d3s.select_tokens(scores, valid, rho_t)  # (N, T) bool
 
-                    # 7. K optimizer steps: the kept rollouts shuffled into K mini-batches, each its own token mean
-                    minibatches = [parts] if K == 1 else [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
-                                                          for rows in minibatch_rows(N, K, generator)]
-                    for mb in minibatches:
+                    # 7. K optimizer steps: the kept rollouts shuffled into K mini-batches, each its own token mean;
+                    # the first runs on the policy that sampled, so its ratio is exactly 1 (logp_old = logp)
+                    for i, mb in enumerate(minibatches):
                         with fb:
-                            u = backward(model, kept, mb, adv_kept, token_mask, old_logp, cfg, ctx, ref_model)
+                            u = backward(model, kept, mb, adv_kept, token_mask, old_logp if i else None, cfg, ctx,
+                                         ref_model)
                         if u is not None:  # None: nothing to learn in this mini-batch, no optimizer step
                             updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip, u["loss"])})
-                tokens_trained += sum(u["tokens"] for u in updates)
+                tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
                 idle_steps += not updates
 
                 # log: one line per step; every field in log.jsonl (and wandb)
@@ -286,22 +288,22 @@ def minibatch_rows(n, k, generator):
     return [part for part in torch.randperm(n, generator=generator).tensor_split(k) if len(part)]
 
 
-def entropy_and_old_logp(model, kept, parts, cfg, ctx, token_mode):
+def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
     """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None, from the policy
     that sampled, with as few extra passes as possible (docs/algorithm.md):
-      K > 1                      one no-grad forward gives both
+      K > 1                      one no-grad forward gives both, on step 7's micro-batches; logp_old
+                                 only for mini-batches 2..K (the first takes logp_old = logp itself)
       K = 1, one micro-batch     no logp_old (the ratio is 1); the entropy from the gradient forward
                                  itself, which runs now and is kept on the piece for step 7
       K = 1, several             [ours] the entropy recorded while sampling (rollout.Sampler)
     The entropy is needed only for token selection."""
-    select, valid = token_mode != "none", kept.completion_mask
-    if cfg.updates_per_batch == 1 and not select:
-        return None, None
-    if cfg.updates_per_batch == 1 and len(parts) > 1:
-        return None, kept.entropy
+    select, valid, K = token_mode != "none", kept.completion_mask, cfg.updates_per_batch
+    parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
+    if K == 1 and (not select or len(parts) > 1):
+        return None, kept.entropy if select else None
     logp, entropy = torch.zeros(valid.shape, device=valid.device), torch.zeros(valid.shape, device=valid.device)
     for p in parts:
-        with ctx(), torch.set_grad_enabled(cfg.updates_per_batch == 1):
+        with ctx(), torch.set_grad_enabled(K == 1):
             hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
             with torch.no_grad():
                 lp, ent = head_logprobs(model, hidden, p.input_ids[:, p.start:], valid[p.rows, :p.width],
@@ -309,27 +311,29 @@ def entropy_and_old_logp(model, kept, parts, cfg, ctx, token_mode):
         logp[p.rows, :p.width] = lp
         if select:
             entropy[p.rows, :p.width] = ent
-        if cfg.updates_per_batch == 1:
+        if K == 1:
             p.hidden = hidden  # the gradient forward of step 7, already done
-    return (logp if cfg.updates_per_batch > 1 else None), (entropy if select else None)
+    return (logp if K > 1 else None), (entropy if select else None)
 
 
 def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None):
     """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens,
     divided by their number, and its gradient, accumulated micro-batch by micro-batch. old_logp None:
-    on-policy, the ratio is 1. Returns the statistics, or None when the mini-batch has nothing to learn."""
+    the policy has not moved since it sampled (K = 1, or the batch's first mini-batch), so the ratio is
+    exactly 1. Returns the statistics, or None when the mini-batch has nothing to learn."""
     valid = kept.completion_mask
     # [ours] no kept token, or (beta = 0) none with a nonzero advantage: the gradient is exactly 0, so no
     # optimizer step either (AdamW's moments would still move the weights)
     learn = token_mask if cfg.beta > 0 else token_mask & (adv != 0)[:, None]
-    if not any(learn[p.rows, :p.width].any() for p in parts):
+    counts = torch.stack([torch.stack([token_mask[p.rows, :p.width].sum(), learn[p.rows, :p.width].sum()])
+                          for p in parts]).tolist()  # [[kept, learnable] per micro-batch]: one wait for the device
+    if not any(n_learn for _, n_learn in counts):
         return None
-    num_tokens = sum(int(token_mask[p.rows, :p.width].sum()) for p in parts)  # this update's divisor
-    stats = {"loss": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "kl": 0.0, "ratio_min": math.inf,
-             "ratio_max": -math.inf, "tokens": num_tokens}
-    for p in parts:
+    num_tokens = sum(n_keep for n_keep, _ in counts)  # this update's divisor
+    pieces = []  # per micro-batch, as tensors: read once, after the last one
+    for p, (n_keep, _) in zip(parts, counts):
         keep, seq, targets = token_mask[p.rows, :p.width], valid[p.rows, :p.width], p.input_ids[:, p.start:]
-        if not keep.any():
+        if n_keep == 0:
             continue  # no kept token in this micro-batch: no loss term, no forward
         with ctx():
             hidden = p.hidden if p.hidden is not None else completion_hidden(model, p.input_ids, p.attention_mask,
@@ -337,7 +341,7 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
             p.hidden = None  # the graph is used once
             # the lm_head runs only on the kept tokens: the loss has no other term with a gradient
             logp, _ = head_logprobs(model, hidden, targets, keep, cfg.temperature, False, cfg.logprob_chunk)
-            if old_logp is None:  # on-policy, one update per batch: logp_old = logp, the ratio is 1
+            if old_logp is None:  # the policy that sampled: logp_old = logp, exactly, on any device and dtype
                 old = logp.detach()
             else:
                 old = old_logp[p.rows, :p.width]
@@ -355,13 +359,32 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
         loss, st = d3s.policy_loss(logp, old, adv[p.rows], keep, num_tokens, loss=cfg.loss, eps_low=cfg.clip_eps_low,
                                    eps_high=cfg.clip_eps_high, ref_logp=ref_logp, beta=cfg.beta, seq_mask=seq)
         loss.backward()
-        share = int(keep.sum()) / num_tokens  # policy_loss's stats are means over its own kept tokens
-        stats["loss"] += loss.item()
-        for k in ("clip_frac", "ratio_mean", "kl"):
-            stats[k] += st.get(k, 0.0) * share
-        stats["ratio_min"], stats["ratio_max"] = min(stats["ratio_min"], st["ratio_min"]), max(stats["ratio_max"],
-                                                                                                st["ratio_max"])
-    return stats
+        share = n_keep / num_tokens  # policy_loss's means are over its own kept tokens
+        row = (loss.detach(), st["clipped"], st["signal"], st["ratio_mean"] * share,
+               st.get("kl", loss.new_zeros(())) * share, st["ratio_min"], st["ratio_max"])
+        pieces.append(torch.stack([v.double() for v in row]))
+    table = torch.stack(pieces)  # (micro-batches, 7)
+    loss, clipped, signal, ratio_mean, kl, ratio_min, ratio_max = torch.cat(
+        [table[:, :5].sum(dim=0), table[:, 5].min()[None], table[:, 6].max()[None]]).tolist()
+    return {"loss": loss, "clip_frac": clipped / max(signal, 1), "ratio_mean": ratio_mean, "kl": kl,
+            "ratio_min": ratio_min, "ratio_max": ratio_max, "tokens": num_tokens, "on_policy": old_logp is None}
+
+
+def disable_dropout(model):
+    """[ours] No dropout in the policy (TRL's disable_dropout does the same): the ratio and the KL compare
+    the policy with itself, so a forward must be a function of the weights alone. With dropout the first
+    mini-batch's ratio is not 1, and dropout's draws from torch's global generator make two runs with one
+    seed differ and a resume inexact. Qwen2 and Llama keep their attention dropout as a float on each
+    attention module (and in the config, saved with every checkpoint), not as an nn.Dropout."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    for key, value in vars(model.config).items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(model.config, key, 0.0)
+    return model
 
 
 def make_optimizer(model, cfg):
@@ -373,15 +396,18 @@ def make_optimizer(model, cfg):
 
 
 def optimizer_step(model, optimizer, grad_clip, loss):
-    """Clip the gradient norm and step; a NaN/inf loss or gradient is not applied. -> (grad_norm, nonfinite)"""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    nonfinite = not (math.isfinite(loss) and torch.isfinite(grad_norm))
+    """Clip the gradient norm and step. Not applied, and not counted as an update: a NaN/inf loss or
+    gradient, or [ours] a gradient of exactly 0 (every token with a gradient was clipped), on which
+    AdamW's moments would still move the weights. -> {grad_norm, applied, nonfinite, zero_grad}"""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf).item()
+    nonfinite, zero = not (math.isfinite(loss) and math.isfinite(grad_norm)), grad_norm == 0.0
     if nonfinite:  # counted in the log
         tqdm.write("warning: a non-finite loss or gradient; this update is not applied")
-    else:
+    elif not zero:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": grad_norm.item(), "nonfinite": int(nonfinite)}
+    return {"grad_norm": grad_norm, "applied": not (nonfinite or zero), "nonfinite": int(nonfinite),
+            "zero_grad": int(zero)}
 
 
 def held_out(model, tokenizer, eval_set, cfg):
