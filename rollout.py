@@ -24,17 +24,19 @@ Steps 1 and 5 of the algorithm (docs/algorithm.md):
                    step 5. log pi(y_t | x, y_<t) of each completion token (with gradient when enabled)
                    and the entropy H_t = -sum_v p_v log p_v of p = softmax(logits / T) over the full
                    vocabulary (never with gradient), in two parts: completion_hidden runs the decoder
-                   body once; head_logprobs runs the lm_head and the float32 softmax only at the
-                   positions asked for (the kept tokens, say), in chunks, each inside activation
-                   checkpointing, so neither the forward nor autograd ever holds the (B, T, V) float32
-                   logits (V = 151,936 for Qwen2.5).
+                   body once; head_logprobs runs the lm_head and the softmax, both in float32 even
+                   under bf16 autocast, only at the positions asked for (the kept tokens, say), in
+                   chunks, each inside activation checkpointing, so neither the forward nor autograd
+                   ever holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
 
 [ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
 distribution it samples from, softmax(logits / T) over the full vocabulary (Sampler): the step line
 logs it, and when the kept rollouts need several micro-batches it is the entropy of token selection
 (step 6), so no extra full-vocabulary forward pass is needed. The cached decode computes the same
 function as the training forward in another order of floating-point operations; on the tiny model
-the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it).
+the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it). Under
+bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16, and its logits
+come from generate's own lm_head, in bf16, where head_logprobs runs the head in float32.
 
 [ours] Sampling is exactly softmax(logits / T), whatever the checkpoint's generation_config.json says.
 Sampler draws the tokens, and `generate` runs with a configuration built here that holds only what
@@ -53,16 +55,21 @@ our temperature and top_p and nothing else (top_k=0: transformers' own default i
 
 [ours] The random numbers are a pure function of (seed, row, position): Sampler's uniform for row r
 of the call (counted over all its rows, group by group) at decode position t is a counter-based hash
-(splitmix64) of (seed, r, t), computed on the model's device for all rows at once. So the samples are
-the same whatever batch_size splits the rows into generate calls, whatever the cache mode, and whatever
-else draws random numbers in between; seed=None draws one seed from torch's global generator per call,
-so torch.manual_seed still makes a run reproducible.
+(splitmix64) of (seed, r, t), computed on the model's device for all rows at once. So the random
+numbers are the same whatever batch_size splits the rows into generate calls, whatever the cache mode,
+and whatever else draws random numbers in between; seed=None draws one seed from torch's global
+generator per call, so torch.manual_seed still makes a run reproducible. The samples are then the same
+bit for bit on a CPU in float32 (the tests compare them exactly). On a GPU under bf16 autocast the
+logits themselves change with the batch's shape and the cache mode (bf16 matmuls and attention pick
+other kernels and summation orders), so a token can flip where a uniform falls within that rounding
+of a step of the cumulative distribution, and the rollout diverges from there.
 """
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -206,19 +213,34 @@ def splitmix64(x):
     return x ^ _shr(x, 31)
 
 
+def row_keys(seed, rows):
+    """(b,) int64: the key of each row in rows (b,) long, hashed from (seed, row): the start of the row's
+    splitmix64 stream. Sampler builds these once per generate call."""
+    seed = splitmix64(torch.tensor(_int64(seed), dtype=torch.long, device=rows.device))  # a copy to the device
+    return splitmix64(seed + rows * GOLDEN)
+
+
+def stream_uniforms(keys, t):
+    """(b,) float64 in [0, 1): the t-th number of each row's stream (keys from row_keys), with 53 random
+    bits, as many as a float64 holds. Python ints only besides keys: no copy to the device."""
+    bits = splitmix64(keys + _int64((t + 1) * GOLDEN))  # (b,) the row's stream at position t
+    return _shr(bits, 11).double() * 2.0 ** -53  # top 53 bits: an exact float64, never 1.0
+
+
 def uniforms(seed, rows, t):
     """(b,) float64 in [0, 1): the uniform number of each row in rows (b,) long at decode position t,
-    a pure function of (seed, row, t). Row r's numbers are the splitmix64 stream started at a key hashed
-    from (seed, r); its t-th number has 53 random bits, as many as a float64 holds."""
-    seed = splitmix64(torch.tensor(_int64(seed), dtype=torch.long, device=rows.device))
-    key = splitmix64(seed + rows * GOLDEN)  # (b,) one key per row
-    bits = splitmix64(key + _int64((t + 1) * GOLDEN))  # (b,) the row's stream at position t
-    return _shr(bits, 11).double() * 2.0 ** -53  # top 53 bits: an exact float64, never 1.0
+    a pure function of (seed, row, t): the t-th number of the splitmix64 stream started at a key
+    hashed from (seed, row)."""
+    return stream_uniforms(row_keys(seed, rows), t)
 
 
 def draw_seed():
     """A seed drawn from torch's global generator (CPU): torch.manual_seed makes it reproducible."""
     return int(torch.randint(2 ** 63 - 1, ()))
+
+
+class NonFiniteLogits(RuntimeError):
+    """The model produced NaN or inf logits while sampling: its weights have most likely diverged."""
 
 
 class Sampler(LogitsProcessor):
@@ -233,22 +255,53 @@ class Sampler(LogitsProcessor):
     distribution as generate's own torch.multinomial, which on a CPU costs 35 ms per decode step over a
     151,936-token vocabulary (it is bound by random-number generation), against 4 ms here; and unlike
     a generator's stream, a row's numbers do not depend on which other rows share the call.
+
+    Nothing here waits for the device: the rows' stream keys are built once, at the first decode step,
+    on the logits' device (later steps pass only Python ints), and a row whose logits hold a NaN or
+    +inf (or are all -inf) is not an error here but marked on the device, at its first such position;
+    check_finite() reads the marks once, after generate returns. Such a row has no distribution (its
+    log-softmax is NaN), and the token drawn for it is meaningless.
     """
 
     def __init__(self, temperature, seed, first_row=0):
         self.temperature, self.seed, self.first_row = temperature, seed, first_row
         self.t, self.entropy = 0, []  # decode steps so far; (b,) entropy of each
+        self.keys = None  # (b,) int64 each row's stream key (row_keys), built at the first step
+        self.first_nonfinite = None  # (b,) long: each row's first decode position with no distribution, or -1
 
     def __call__(self, input_ids, scores):
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (b, V)
         p = logp.exp()
         self.entropy.append(torch.special.entr(p).sum(dim=-1))  # (b,) -p log p, 0 where p = 0 (a -inf logit)
         cdf = p.double().cumsum(dim=-1)  # (b, V) float64: no rounding drift over 151,936 terms
-        rows = torch.arange(self.first_row, self.first_row + p.shape[0], device=p.device)  # (b,)
-        u = uniforms(self.seed, rows, self.t)[:, None] * cdf[:, -1:]  # (b, 1) uniform in [0, total)
+        if self.keys is None:  # once per generate call, on the logits' device
+            rows = torch.arange(self.first_row, self.first_row + p.shape[0], device=p.device)  # (b,)
+            self.keys = row_keys(self.seed, rows)
+            self.first_nonfinite = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
+        if self.keys.shape[0] != p.shape[0]:
+            raise RuntimeError(f"Sampler: {p.shape[0]} rows at decode step {self.t}, {self.keys.shape[0]} at the "
+                               f"first: use one Sampler per generate call")
+        # A NaN or +inf logit (or none above -inf) makes the row's log-softmax, hence its total, NaN
+        bad = ~torch.isfinite(cdf[:, -1])  # (b,)
+        self.first_nonfinite = torch.where(bad & (self.first_nonfinite < 0), self.t, self.first_nonfinite)
+        u = stream_uniforms(self.keys, self.t)[:, None] * cdf[:, -1:]  # (b, 1) uniform in [0, total)
         self.t += 1
         token = torch.searchsorted(cdf, u, side="right").clamp(max=p.shape[-1] - 1)  # (b, 1); never a p = 0 token
         return torch.full_like(scores, -math.inf).scatter_(-1, token, 0.0)
+
+    def check_finite(self):
+        """Raise NonFiniteLogits if any row had NaN or inf logits at some decode step (one read from the
+        device, after generate)."""
+        if self.first_nonfinite is None:
+            return
+        first = self.first_nonfinite.tolist()
+        bad = [(t, self.first_row + i) for i, t in enumerate(first) if t >= 0]
+        if bad:
+            t, row = min(bad)
+            raise NonFiniteLogits(
+                f"the model produced NaN or inf logits while sampling (in {len(bad)} of {len(first)} rows; "
+                f"first at decode position {t} of row {row}): its weights have probably diverged; restart "
+                f"from an earlier checkpoint with a lower --lr")
 
 
 CACHES = ("prefix", "plain", "static")
@@ -275,8 +328,9 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     temperature == 0 means greedy decoding. Sampling (temperature > 0, top_p == 1) draws from exactly
     softmax(logits / T) with Sampler; nothing of model.generation_config but its EOS ids is used (see
     the module docstring).
-    seed: the sampled tokens are a pure function of (seed, row, decode position), so they do not depend
-    on batch_size, on cache, or on other random draws. None draws one seed from torch's global
+    seed: the random numbers are a pure function of (seed, row, decode position), so the samples do not
+    depend on batch_size, on cache, or on other random draws: bit for bit on a CPU in float32; on a
+    GPU under bf16 see batch_size below. None draws one seed from torch's global
     generator (torch.manual_seed reproduces it). first_row: the index of this call's first row in a
     larger batch that the caller splits over calls (eval.py), so that the split changes no sample; rows
     of calls with the same seed and overlapping rows get the same random numbers. Greedy decoding
@@ -286,14 +340,20 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     rounding of the forward (a batch of another shape may sum in another order; the cache modes too),
     which moves the recorded entropy by a few float32 ulps (at most 2.6e-6 on the tiny test model) and
     would flip a token only if a uniform fell within that rounding of a step of the cumulative
-    distribution (never seen in the tests, which compare the tokens exactly).
+    distribution (never seen in the tests, which compare the tokens exactly, on a CPU in float32). On
+    a GPU under bf16 autocast that rounding is bf16's (an 8-bit mantissa, in every matmul), so there a
+    different batch_size or cache can flip a token now and then, and the rest of that rollout with it.
     record_entropy (sampling only): Rollouts.entropy holds the entropy of softmax(logits / T) at every
     generated position, recorded while decoding (see the module docstring).
-    cache: how `generate` keeps its keys and values, the same samples every way (up to float rounding):
+    cache: how `generate` keeps its keys and values, the same samples every way up to float rounding
+    (bit for bit on a CPU in float32; see batch_size for bf16 on a GPU). Under autocast the cache holds
+    keys and values in the autocast dtype (_rotary_in_autocast_dtype says why):
       prefix  [ours] the decoder runs once over each prompt and its KV cache is copied to the prompt's
               G rows, instead of G identical prefills (the default: measured faster, docs/speed.md)
       plain   transformers' default dynamic cache, every row prefilled on its own
       static  a preallocated static cache: on a GPU transformers then compiles the decode step
+    Raises NonFiniteLogits when the model's logits hold a NaN or inf while sampling (Sampler marks them
+    on the device; they are read once per generate call, after it returns).
     """
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError(f"prompts={prompts!r} must be a non-empty list of strings")
@@ -346,6 +406,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     model.eval()
     # generate fills every field `config` leaves unset from model.generation_config: make that blank
     model.generation_config = GenerationConfig()
+    hooks = _rotary_in_autocast_dtype(model, device)
     chunks, entropies = [], []
     try:
         with torch.no_grad():
@@ -359,10 +420,14 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
                     input_ids=prompt_ids[s:s + step], attention_mask=prompt_mask[s:s + step], generation_config=config,
                     logits_processor=LogitsProcessorList([sampler] if sampler else []), **extra,
                 )  # (b, P + t), t <= max_new_tokens: generate stops early once every row has stopped
+                if sampler is not None:
+                    sampler.check_finite()  # NaN or inf logits are an error, not samples
                 chunks.append(out[:, P:])
                 if record_entropy:
                     entropies.append(torch.stack(sampler.entropy, dim=1))  # (b, t)
     finally:
+        for hook in hooks:
+            hook.remove()
         model.generation_config = checkpoint_config
         model.train(was_training)
 
@@ -387,6 +452,26 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, truncated, group, texts, entropy)
 
 
+def _rotary_in_autocast_dtype(model, device):
+    """Forward hooks, to remove after generating, that cast the rotary embedding's cos and sin to the
+    autocast dtype (none when autocast is off on device).
+
+    Why: under --dtype auto the weights and the residual stream are float32, and the rotary embedding
+    returns cos and sin in the dtype of the residual stream (float32), while q_proj, k_proj and
+    v_proj return the autocast dtype (bf16). q * cos then promotes the queries and keys to float32,
+    so the KV cache would hold float32 keys beside bf16 values (1.5x the memory of a bf16 cache) and
+    every decode step would cast them back for attention. In bf16, cos and sin are what a model with
+    bf16 weights uses (transformers casts them to the weights' dtype), and the cache is all bf16. Only
+    generation is hooked: the training forward (completion_hidden) keeps no cache and is unchanged."""
+    if not torch.is_autocast_enabled(device.type):
+        return []
+    dtype = torch.get_autocast_dtype(device.type)
+
+    def cast(module, args, out):  # (cos, sin)
+        return tuple(x.to(dtype) for x in out)
+    return [m.register_forward_hook(cast) for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
 def prefill(model, prompt_ids, prompt_mask, group_size):
     """The KV cache of every prompt but its last token, computed once per prompt (prompt_ids (n, P))
     and repeated for its group_size rows: generate then runs only the last prompt token and the decode.
@@ -402,7 +487,16 @@ def prefill(model, prompt_ids, prompt_mask, group_size):
 def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
     """(n, H) hidden states -> logp of targets (n,) and entropy (n,) or None, in float32 (float64 for a
     float64 model)."""
-    logits = head(hidden).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature  # (n, V), float32 for bf16
+    # The lm_head itself in float32, with the caller's autocast off: under bf16 autocast it would return
+    # bf16 logits, rounded to an 8-bit mantissa (+-0.06 at |logit| 16-32) before any float32 cast, and
+    # every log-prob, entropy, ratio and KL would carry that rounding. With --dtype auto the weights are
+    # the float32 masters and the hidden states the float32 residual stream (after the final norm), so
+    # nothing is cast; bf16 weights (--dtype bfloat16) are upcast, one chunk at a time.
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    bias = getattr(head, "bias", None)
+    bias = None if bias is None else bias.to(dtype)
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = F.linear(hidden.to(dtype), head.weight.to(dtype), bias) / temperature  # (n, V)
     logp_all = torch.log_softmax(logits, dim=-1)  # (n, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     entropy = None
@@ -434,7 +528,8 @@ def head_logprobs(model, hidden, targets, positions=None, temperature=1.0, with_
     """log pi(target) (B, T) and the entropy (B, T) or None, computed only where `positions` (B, T)
     bool is True (None: everywhere) and 0 elsewhere. hidden (B, T, H) from completion_hidden,
     targets (B, T) the completion ids. float32 (float64 for a float64 model, so that tests can compare
-    without float32 rounding). The lm_head runs on chunks of chunk_size positions, each
+    without float32 rounding), the lm_head included: it runs in float32 with autocast off, so the
+    logits are never rounded to bf16. It runs on chunks of chunk_size positions, each
     checkpointed when grad is on: only the (chunk, H) inputs are kept, never (chunk, V) logits."""
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r} must be > 0 to score tokens (greedy has no log-probs)")

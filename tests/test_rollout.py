@@ -437,6 +437,13 @@ def test_token_logprobs_bf16(tok, batch):
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
     torch.testing.assert_close(logp, ref_logp, atol=2e-2, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=2e-2, rtol=0)
+    # exactly: the head upcast to float32, so the bf16 weights' logits are never rounded to bf16 again
+    with torch.no_grad():
+        hidden = rollout.completion_hidden(model, r.input_ids, r.attention_mask, r.completion_start)
+        logits = hidden.float() @ model.get_output_embeddings().weight.float().T  # (B, T, V) float32
+    exact = torch.log_softmax(logits, dim=-1).gather(-1, r.input_ids[:, r.completion_start:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, exact, atol=2e-6, rtol=0)
+    assert (ref_logp - exact).abs().max() > 1e-3  # what rounding the logits to bf16 would have cost
 
 
 # ----------------------------------------------------------------------------- the real Qwen2.5 tokenizer
@@ -623,3 +630,121 @@ def test_uniforms_are_splitmix64_uniform_and_independent():
     for a, b in ((u[:-1], u[1:]), (u[:, :-1], u[:, 1:]), (u[:-1, 1:], u[1:, :-1]), (u, other_seed)):
         assert abs(corr(a, b)) < bound
     assert corr(u[:-1], u[:-1] * 0.5 + u[1:] * 0.5) > 0.5  # the check itself sees a correlation when there is one
+
+
+# ----------------------------------------------------------------------------- bf16 autocast on the CPU
+
+def test_head_runs_in_float32_under_bf16_autocast(model, batch):
+    """Under bf16 autocast (--dtype auto on a GPU; here the CPU's), head_logprobs computes the logits in
+    float32 from the float32 hidden states and weights: the log-probs, entropies and the gradient equal
+    the float32 computation outside autocast, and not the one whose logits were rounded to bf16 first."""
+    r, temp = batch, 0.7
+    targets, head = r.input_ids[:, r.completion_start:], model.get_output_embeddings()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = rollout.completion_hidden(model, r.input_ids, r.attention_mask, r.completion_start)
+        rounded = head(hidden.detach())  # what the head returns under autocast
+    assert hidden.dtype == torch.float32 and rounded.dtype == torch.bfloat16, "precondition"
+
+    def reference(logits):
+        logp_all = torch.log_softmax(logits.float() / temp, dim=-1)  # (B, T, V)
+        return logp_all.gather(-1, targets[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+    ref_logp, ref_ent = reference(hidden @ head.weight.T)  # float32, no autocast
+    ref_grad, = torch.autograd.grad(ref_logp.sum(), hidden, retain_graph=True)
+    with torch.no_grad():
+        bf16_logp, bf16_ent = reference(rounded)
+    assert (bf16_logp - ref_logp).abs().max() > 1e-3 and (bf16_ent - ref_ent).abs().max() > 1e-4, "precondition"
+
+    for grad in (False, True):  # no grad: logp_old; grad: the checkpointed chunks of the update
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(grad):
+            logp, ent = rollout.head_logprobs(model, hidden, targets, None, temp, True, chunk_size=5)
+        assert logp.dtype == ent.dtype == torch.float32
+        torch.testing.assert_close(logp, ref_logp, atol=2e-6, rtol=0)
+        torch.testing.assert_close(ent, ref_ent, atol=2e-6, rtol=0)
+    grad, = torch.autograd.grad(logp.sum(), hidden)  # the backward recomputes the chunks in float32 too
+    torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=0)
+
+
+def cache_dtypes(model):
+    """A forward hook on the decoder that records, at every call, the dtypes of the KV cache's keys and
+    values and whether a forward hook sits on the rotary embedding. Returns (records, handle)."""
+    records = []
+    rotary = model.get_decoder().rotary_emb
+
+    def record(module, args, kwargs, out):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        layers = [] if cache is None else [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+        records.append(({layer.keys.dtype for layer in layers}, {layer.values.dtype for layer in layers},
+                        bool(rotary._forward_hooks)))
+    return records, model.get_decoder().register_forward_hook(record, with_kwargs=True)
+
+
+def test_generation_keeps_its_cache_in_the_autocast_dtype(tok, model):
+    """Under bf16 autocast with float32 weights, every cache mode (prefix, plain, static) holds bf16 keys
+    and bf16 values at every decode step: without the rotary hook the keys were float32, promoted by the
+    float32 cos and sin. In float32 no hook is installed (the samples are those of before), and none
+    is left behind either way. This also runs each cache mode's lines under autocast on the CPU."""
+    records, handle = cache_dtypes(model)
+    rotary = model.get_decoder().rotary_emb
+    try:
+        for cache in rollout.CACHES:
+            records.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                r = rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache, record_entropy=True)
+            assert r.completion_mask.any(dim=1).all() and r.entropy.dtype == torch.float32
+            assert len(records) >= 5 and all(hooked for _, _, hooked in records), cache
+            assert all(keys == values == {torch.bfloat16} for keys, values, _ in records), (cache, records)
+            assert not rotary._forward_hooks
+            records.clear()
+            rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache)
+            assert all(keys == values == {torch.float32} and not hooked for keys, values, hooked in records), cache
+    finally:
+        handle.remove()
+
+
+# ----------------------------------------------------------------------------- no host-device syncs, bad logits
+
+def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
+    """The seed's and the rows' keys are derived once per generate call (one copy to the device), each
+    decode step hashing only its position: splitmix64 runs n + 2 times over n steps (3n before), and
+    the tokens are those of the inverse CDF against uniforms(seed, row, t) at every step."""
+    calls, real = [], rollout.splitmix64
+    monkeypatch.setattr(rollout, "splitmix64", lambda x: calls.append(1) or real(x))
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 4, 50, generator=g)  # (steps, rows, V)
+    sampler = rollout.Sampler(0.8, seed=5, first_row=3)
+    for t in range(6):
+        token = sampler(None, logits[t]).argmax(dim=-1)
+        cdf = torch.softmax(logits[t].double() / 0.8, dim=-1).cumsum(dim=-1)
+        u = rollout.uniforms(5, torch.arange(3, 7), t)
+        assert token.tolist() == torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], side="right")[:, 0].tolist()
+    assert len(calls) == 6 + 2 + 6 * 3  # the sampler's, then the reference's (uniforms hashes 3 times a call)
+
+
+def test_nonfinite_logits_are_an_error(tok, model):
+    """NaN or +inf logits (or a row with every logit -inf) leave a row with no distribution: the sampler
+    marks the first such decode position of each row on the device and check_finite() raises, naming the
+    first; a -inf logit alone is a probability-0 token, not an error. A model with a NaN weight stops
+    generate_groups with that error, and leaves the model as it found it."""
+    nan, inf = math.nan, math.inf
+    sampler = rollout.Sampler(1.0, seed=0, first_row=10)
+    sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [0.0, 0.0, 0.0]]))
+    sampler.check_finite()  # a -inf logit is fine
+    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0], [-inf, -inf, -inf]]))
+    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]))
+    assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
+    with pytest.raises(rollout.NonFiniteLogits, match="3 of 4 rows; first at decode position 1 of row 11"):
+        sampler.check_finite()
+
+    with torch.no_grad():
+        model.get_decoder().norm.weight[0] = nan  # every logit of every row NaN
+    model.train()
+    config = model.generation_config
+    with pytest.raises(rollout.NonFiniteLogits) as e:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4)
+    message = str(e.value)
+    assert "\n" not in message and isinstance(e.value, RuntimeError)
+    assert message.startswith("the model produced NaN or inf logits while sampling (in 4 of 4 rows; first at "
+                              "decode position 0 of row 0)")
+    assert "diverged" in message and "earlier checkpoint with a lower --lr" in message
+    assert model.training and model.generation_config is config and not model.get_decoder().rotary_emb._forward_hooks
