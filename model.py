@@ -17,11 +17,13 @@ The argument is read in this order: "tiny"; an existing folder; a short name fro
         ...generate, score, evaluate...
 
 "auto" [ours]: float32 weights everywhere, and forward passes under bfloat16 autocast on a CUDA GPU
-that supports bf16 (float32 on a CPU). Training needs the float32 weights: bf16 has an 8-bit mantissa
-and rounds away most updates of size lr * grad ~ 1e-6. Evaluation uses the same, so that eval.py
-and train.py's held-out accuracy run the same arithmetic and give the same number. "float32",
-"bfloat16" and "float16" load the weights in that dtype and never autocast (bf16 weights halve the
-memory of a big model, at the cost of that rounding).
+with bf16 hardware, compute capability 8.0 or more (A100, A10, L4, RTX 30xx/40xx, H100; float32 on
+a CPU, and on a T4 or V100, which have no bf16 tensor cores: bf16_capable). Training needs the
+float32 weights: bf16 has an 8-bit mantissa and rounds away most updates of size lr * grad ~ 1e-6.
+Evaluation uses the same, so that eval.py and train.py's held-out accuracy run the same arithmetic
+and give the same number (bit for bit on a CPU; on a GPU under bf16 only up to the rounding that
+changes with batch shape). "float32", "bfloat16" and "float16" load the weights in that dtype and
+never autocast (bf16 weights halve the memory of a big model, at the cost of that rounding).
 """
 import contextlib
 import os
@@ -30,6 +32,26 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
+
+# The CUDA caching allocator's variables, in the order torch 2.13 reads them (the first one set wins).
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def set_allocator_defaults(environ):
+    """[ours] expandable_segments for the CUDA allocator, unless the user configured the allocator.
+    Why: a step allocates tensors of ever-changing shapes (rollouts of every length, LM-head chunks of
+    (chunk, V) floats); the default allocator keeps fixed-size segments, and the reserved memory grows
+    well past what is allocated until a card runs out of memory with gigabytes free but fragmented.
+    Expandable segments grow and shrink one mapping instead (PyTorch's CUDA notes recommend them for
+    varying sizes). torch reads the variable at the first CUDA allocation, so setting it here, at
+    import, before any model is loaded, is in time. A user's own setting, under any of the names torch
+    reads, is left alone: writing PYTORCH_CUDA_ALLOC_CONF beside a user's PYTORCH_ALLOC_CONF would
+    override it, since torch reads the CUDA name first."""
+    if not any(name in environ for name in ALLOC_CONF):
+        environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+
+
+set_allocator_defaults(os.environ)
 
 # Short names -> hub organisation, by prefix: "Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B".
 # [ours] Only the two families the D3S paper trains (Qwen2.5(-Math), Llama 3.1); for anything else
@@ -144,14 +166,24 @@ def weight_dtype(dtype, device=None):
     return DTYPES[dtype]
 
 
-def autocast_enabled(device, dtype, bf16_supported=None):
-    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device that
-    supports bf16. bf16_supported: None asks torch.cuda; tests pass True/False to decide without a GPU."""
-    if dtype != "auto" or torch.device(device).type != "cuda":
+def bf16_capable(capability):
+    """Does a CUDA GPU of compute capability (major, minor) compute in bf16 in hardware? 8.0 and above
+    (Ampere: A100, A10, RTX 30xx; Ada, Hopper). Below it (T4 7.5, V100 7.0) the tensor cores have no
+    bf16, so bf16 autocast buys no speed there, yet torch.cuda.is_bf16_supported() says True: by
+    default it counts emulation."""
+    return tuple(capability) >= (8, 0)
+
+
+def autocast_enabled(device, dtype, capability=None):
+    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device with bf16
+    hardware (bf16_capable). capability: the device's (major, minor); None asks torch for the requested
+    device's (torch.device("cuda") is the current one), so that tests can decide without a GPU."""
+    device = torch.device(device)
+    if dtype != "auto" or device.type != "cuda":
         return False
-    if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported()
-    return bool(bf16_supported)
+    if capability is None:
+        capability = torch.cuda.get_device_capability(device)
+    return bf16_capable(capability)
 
 
 def autocast(device, dtype):

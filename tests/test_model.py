@@ -8,7 +8,7 @@ import torch
 
 import tiny
 import model
-from model import autocast, autocast_enabled, hub_id, load_model, weight_dtype
+from model import autocast, autocast_enabled, bf16_capable, hub_id, load_model, weight_dtype
 
 
 def _same_weights(a, b):
@@ -118,19 +118,58 @@ def test_auto_weights_are_float32_on_every_device(device):
     assert weight_dtype(torch.bfloat16, device) == torch.bfloat16
 
 
-@pytest.mark.parametrize("device, dtype, bf16, expected", [
-    ("cuda", "auto", True, True),          # the one case: a bf16 GPU under auto
-    ("cuda:1", "auto", True, True),
-    (torch.device("cuda", 0), "auto", True, True),
-    ("cuda", "auto", False, False),        # a GPU without bf16 (V100, T4): plain float32
-    ("cpu", "auto", True, False),          # never on a CPU
-    ("cpu", "auto", False, False),
-    ("cuda", "float32", True, False),      # an explicit dtype never autocasts
-    ("cuda", "bfloat16", True, False),
-    ("cuda", "float16", True, False),
+@pytest.mark.parametrize("capability, expected", [
+    ((7, 0), False),  # V100: torch.cuda.is_bf16_supported() says True (emulation), no bf16 tensor cores
+    ((7, 5), False),  # T4, the free notebook GPU
+    ((8, 0), True),   # A100
+    ((8, 6), True),   # A10, RTX 30xx
+    ((8, 9), True),   # L4, RTX 40xx
+    ((9, 0), True),   # H100, H200
+    ((12, 0), True),
+    ([8, 0], True),   # a list, as some callers hold it
 ])
-def test_autocast_decision(device, dtype, bf16, expected):
-    assert autocast_enabled(device, dtype, bf16_supported=bf16) is expected
+def test_bf16_capable_by_compute_capability(capability, expected):
+    assert bf16_capable(capability) is expected
+
+
+@pytest.mark.parametrize("device, dtype, capability, expected", [
+    ("cuda", "auto", (8, 0), True),          # the one case: a GPU with bf16 hardware under auto
+    ("cuda:1", "auto", (9, 0), True),
+    (torch.device("cuda", 0), "auto", (8, 6), True),
+    ("cuda", "auto", (7, 5), False),         # a GPU without it (T4, V100): plain float32
+    ("cuda:1", "auto", (7, 0), False),
+    ("cpu", "auto", (9, 0), False),          # never on a CPU
+    ("cpu", "auto", None, False),            # and without asking torch.cuda
+    ("cuda", "float32", (9, 0), False),      # an explicit dtype never autocasts
+    ("cuda", "bfloat16", (9, 0), False),
+    ("cuda", "float16", (9, 0), False),
+])
+def test_autocast_decision(device, dtype, capability, expected):
+    assert autocast_enabled(device, dtype, capability=capability) is expected
+
+
+def test_autocast_asks_the_requested_device(monkeypatch):
+    """Without a capability, the one of the device asked for (cuda:1 here), not the current device's."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: asked.append(device) or {0: (7, 5), 1: (8, 0)}[device.index or 0])
+    assert autocast_enabled("cuda:1", "auto") and not autocast_enabled("cuda:0", "auto")
+    assert [str(d) for d in asked] == ["cuda:1", "cuda:0"]
+
+
+def test_allocator_defaults_to_expandable_segments():
+    """model.py sets expandable_segments for the CUDA allocator unless the user configured the allocator
+    under any name torch reads; and it does so in time: torch reads the variable lazily, and reads here
+    what the first name set says (importing model.py came before any allocation in this process)."""
+    env = {}
+    model.set_allocator_defaults(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    for name in model.ALLOC_CONF:
+        env = {name: "max_split_size_mb:64", "HOME": "/x"}
+        model.set_allocator_defaults(env)
+        assert env == {name: "max_split_size_mb:64", "HOME": "/x"}, name  # the user's own, alone
+    first = next(name for name in model.ALLOC_CONF if name in os.environ)
+    assert torch._C._accelerator_getAllocatorSettings() == os.environ[first]
 
 
 def test_autocast_on_cpu_is_a_no_op(tiny_dir):
