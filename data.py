@@ -3,7 +3,8 @@ Data: math problems as {"prompt", "answer"} rows, and the one prompt format the 
 
     load_problems("gsm8k", "train")                  # openai/gsm8k from the hub, or a local copy
     load_problems("math500", "test", data_dir="data")      # data/math500/test.jsonl, offline
-    load_problems("my_problems.jsonl", limit=100)    # any .jsonl with a question and an answer field
+    load_problems("mine.jsonl", "test")              # your own file's held-out rows (see below)
+    describe("mine.jsonl", "test")                   # what those rows are, in words, for a log line
     format_prompt(tokenizer, row["prompt"])          # the text the policy continues
 
 Every row is {"prompt": the raw question (not templated), "answer": the reference answer, already
@@ -22,7 +23,7 @@ below: GSM8K, MATH (as MATH-500), AIME 2024 and 2025, AMC 2023, Minerva, Olympia
   math           train = the 4500 MATH test problems that are not in MATH-500, the usual training
                  pool that does not overlap the benchmark [ours: the problem texts are matched with
                  whitespace collapsed]; test = MATH-500 itself [ours: the natural held-out set for
-                 that pool, so `--data math` trains and evaluates without overlap]
+                 that pool, so `--dataset math` trains and evaluates without overlap]
   math500        test 500 (MATH-500)
   aime24         test 30 (AIME 2024)
   aime25         test 30 (AIME 2025, I and II)
@@ -32,7 +33,27 @@ below: GSM8K, MATH (as MATH-500), AIME 2024 and 2025, AMC 2023, Minerva, Olympia
   tiny           the offline synthetic arithmetic world (tiny.py); tiny-* are its harder
                  worlds (tiny.WORLDS)
 The benchmarks only have a test split; asking for another split is an error that lists the splits.
+
+A .jsonl file of your own has a train and a test split too, and no test row is ever a training row
+(questions are compared with whitespace collapsed). What its name says decides which rows are which:
+  - a training file with a test file beside it: a name with the word "train" in it (train.jsonl,
+    mine_train.jsonl, mine.train.jsonl; lower case, not inside a longer word like "training") whose
+    sibling with "train" replaced by "test" exists. train = the whole training file; test = the
+    sibling, minus any question also in the training file (dropped, and counted by describe()).
+  - a test file: a name with the word "test" in it. Its test split is the whole file (minus the
+    questions of its "train" sibling, if there is one: the same rows as above, from either name); it
+    has no train split, since a file named as a test set is never trained on.
+  - any other file (or a training file with no test file beside it): 1 question in HOLD_OUT is held
+    out by a hash of its text, as tiny.py splits its world [ours]: test = the rows whose question's
+    salted sha256 (_hash) is 0 mod HOLD_OUT (the one with the smallest hash if none is, so at least
+    1), train = the rest. A question's side depends on its own text alone, not on the file's order
+    or the other rows: appending rows never moves a held-out question into training (except the
+    at-least-1 fallback's, once a question that falls in the slice is added), and a question written
+    twice is on one side. A file with fewer than 2 distinct questions cannot hold any out: an error.
+train.py trains on the train split and reports its held-out accuracy on the test split; eval.py
+evaluates a .jsonl benchmark on the same test split, so the two measure the same rows.
 """
+import hashlib
 import json
 import os
 import re
@@ -78,6 +99,7 @@ SPLITS = {  # the splits each name has
     "olympiadbench": ("test",),
 }
 NAMES = tuple(SPLITS) + ("tiny",)
+HOLD_OUT = 10  # a .jsonl without a test file beside it holds out 1 question in HOLD_OUT (tiny.py's TEST_SHARE)
 
 # Field names, most specific first, matched case-insensitively (some hub copies write "Problem").
 QUESTION_FIELDS = ("question", "problem", "prompt", "input", "query")
@@ -92,9 +114,9 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 
 
 def load_problems(name_or_path, split="train", limit=None, data_dir=None):
-    """Rows {"prompt", "answer", "id"} of a named data set (see the module docstring) or a .jsonl file.
+    """Rows {"prompt", "answer", "id"} of a named data set or a .jsonl file (see the module docstring).
 
-    split: for a name, one of SPLITS[name]; a .jsonl path is one split by itself and ignores it.
+    split: for a name, one of SPLITS[name]; for a .jsonl, "train" or "test" by the file rules above.
     limit: keep the first `limit` rows (deterministic: the source's own order, no shuffling).
     data_dir: folder with local copies laid out as NAME_FOLDER/SPLIT.jsonl (gsm8k/train.jsonl, ...);
     None means the environment variable NANOD3S_DATA_DIR, and if that is unset too, the hub.
@@ -102,29 +124,45 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"load_problems: limit must be None or an integer >= 0, got {limit!r}")
     name = str(name_or_path)
-    if name == "tiny" or (name.startswith("tiny-") and not name.endswith(".jsonl")):
+    kind = _kind(name, split)
+    if kind == "tiny":
         import tiny  # imported here: only the tiny world needs it, and it pulls in torch
         return tiny.problems(split, limit, terms=tiny.world(name)["terms"])  # a named world (tiny.WORLDS)
-    if name in SPLITS:
-        if split not in SPLITS[name]:
-            raise ValueError(f"load_problems: {name} has no split {split!r}; its splits: "
-                             f"{', '.join(SPLITS[name])}")
+    if kind == "file":
+        rows = _file_split(name, split)[0]
+    else:
         data_dir = data_dir or os.environ.get("NANOD3S_DATA_DIR") or None
         if name == "math" and split == "train":
             rows = _math_train_pool(data_dir)
         else:
             source = ("math500", "test") if name == "math" else (name, split)
             rows = _problems(*_raw_rows(source, data_dir))
-    elif name.endswith(".jsonl") or os.path.isfile(name):
-        if not os.path.isfile(name):
-            raise ValueError(f"load_problems: no file {name!r}; pass an existing .jsonl file (one JSON "
-                             f"object per line with a question and an answer field) or one of the "
-                             f"names {', '.join(NAMES)}")
-        rows = _problems(_read_jsonl(name), name)
-    else:
-        raise ValueError(f"load_problems: unknown data set {name!r}; known names: {', '.join(NAMES)}; "
-                         f"or a path to a .jsonl file with a question and an answer field")
     return rows if limit is None else rows[:limit]
+
+
+def describe(name_or_path, split="train", data_dir=None):
+    """What load_problems(name_or_path, split, data_dir=data_dir) returns, in words, for a log line.
+
+    "gsm8k test split (data/gsm8k/test.jsonl)", "mine.jsonl: 12 of 120 rows held out by question
+    hash (1 in 10, at least 1), never trained on", "mine_test.jsonl beside mine_train.jsonl (3 of its
+    40 rows also in training dropped)". A .jsonl is read (the counts come from the same code that
+    splits it); a named set is never loaded. Bad input: the one-line ValueError load_problems raises.
+    """
+    name = str(name_or_path)
+    kind = _kind(name, split)
+    if kind == "file":
+        return _file_split(name, split)[1]
+    if kind == "tiny":
+        import tiny
+        tiny.world(name)  # an unknown world: tiny's one-line error
+        return f"{name} {split} split (tiny.py holds 1 question in {tiny.TEST_SHARE} out, by a hash of its text)"
+    if name == "math":
+        return ("math train split (the MATH test problems outside MATH-500)" if split == "train"
+                else "math test split (MATH-500)")
+    data_dir = data_dir or os.environ.get("NANOD3S_DATA_DIR") or None
+    local_file, hub_id = _SOURCES[(name, split)][:2]
+    local = Path(data_dir) / local_file if data_dir else None
+    return f"{name} {split} split ({local if local is not None and local.is_file() else f'hub {hub_id}'})"
 
 
 def format_prompt(tokenizer, question):
@@ -139,6 +177,97 @@ def format_prompt(tokenizer, question):
         messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"Question: {question}\nAnswer:"
+
+# -----------------------------------------------------------------------------
+# Which kind of data set an argument names, and a .jsonl file's train and test splits
+
+
+def _kind(name, split):
+    """"tiny", "file" or "named" for a data set argument; a one-line ValueError for an unknown one or a bad split."""
+    if name == "tiny" or (name.startswith("tiny-") and not name.endswith(".jsonl")):
+        return "tiny"
+    if name in SPLITS:
+        if split not in SPLITS[name]:
+            raise ValueError(f"load_problems: {name} has no split {split!r}; its splits: "
+                             f"{', '.join(SPLITS[name])}")
+        return "named"
+    if name.endswith(".jsonl") or os.path.isfile(name):
+        if not os.path.isfile(name):
+            raise ValueError(f"load_problems: no file {name!r}; pass an existing .jsonl file (one JSON "
+                             f"object per line with a question and an answer field) or one of the "
+                             f"names {', '.join(NAMES)}")
+        if split not in ("train", "test"):
+            raise ValueError(f"load_problems: a .jsonl file has the splits train and test, got {split!r}")
+        return "file"
+    raise ValueError(f"load_problems: unknown data set {name!r}; known names: {', '.join(NAMES)}; "
+                     f"or a path to a .jsonl file with a question and an answer field")
+
+
+# "train" or "test" as a word of the file name: not inside a longer word ("training", "contest")
+_TRAIN_WORD = re.compile(r"(?<![A-Za-z])train(?![A-Za-z])")
+_TEST_WORD = re.compile(r"(?<![A-Za-z])test(?![A-Za-z])")
+
+
+def _file_split(path, split):
+    """(rows, what they are in words) of one split of a .jsonl file."""
+    folder, base = os.path.split(path)
+    if _TRAIN_WORD.search(base):
+        train_path, test_path = path, os.path.join(folder, _TRAIN_WORD.sub("test", base))
+    elif _TEST_WORD.search(base):
+        train_path, test_path = os.path.join(folder, _TEST_WORD.sub("train", base)), path
+        if split == "train":
+            raise ValueError(f"load_problems: {path} is named as a test set, and a test set is never trained "
+                             f"on; train on a file without 'test' in its name (e.g. {train_path})")
+    else:
+        train_path, test_path = path, None
+    if test_path is not None and os.path.isfile(train_path) and os.path.isfile(test_path):
+        train = _problems(_read_jsonl(train_path), train_path)
+        if split == "train":
+            return train, f"{train_path}, all {len(train)} rows (the held-out rows are {test_path} beside it)"
+        seen = {_collapse(r["prompt"]) for r in train}
+        rows = _problems(_read_jsonl(test_path), test_path)
+        test = [r for r in rows if _collapse(r["prompt"]) not in seen]
+        if not test:
+            raise ValueError(f"load_problems: every one of the {len(rows)} questions of {test_path} is also in "
+                             f"{train_path}, so nothing is held out; put questions in {test_path} that are not "
+                             f"in {train_path}")
+        return test, (f"{test_path} beside {train_path} ({len(rows) - len(test)} of its {len(rows)} rows "
+                      f"also in training dropped)")
+    rows = _problems(_read_jsonl(path), path)
+    if test_path == path:  # a test file with no training file beside it
+        return rows, f"{path}, all {len(rows)} rows (named as a test set, never trained on)"
+    held = _held_out([r["prompt"] for r in rows], path)
+    test = [r for r in rows if _collapse(r["prompt"]) in held]
+    why = f"; no {test_path} beside it" if test_path is not None else ""
+    if split == "test":
+        return test, (f"{path}: {len(test)} of {len(rows)} rows held out by question hash (1 in {HOLD_OUT}, "
+                      f"at least 1{why}), never trained on")
+    train = [r for r in rows if _collapse(r["prompt"]) not in held]
+    return train, (f"{path}: {len(train)} of {len(rows)} rows, the other {len(test)} held out by question "
+                   f"hash (1 in {HOLD_OUT}, at least 1{why})")
+
+
+def _held_out(questions, where="the file"):
+    """The questions (whitespace collapsed) a single .jsonl holds out: those whose sha256 is 0 mod HOLD_OUT,
+    or, if none is, the one with the smallest hash, so that at least one is. A one-line ValueError when
+    nothing is left to train on or to hold out (fewer than 2 distinct questions)."""
+    distinct = {_collapse(q) for q in questions}
+    if len(distinct) < 2:
+        raise ValueError(f"load_problems: {where} has {len(distinct)} distinct question(s), too few to hold any "
+                         f"out; add rows, or put held-out questions in a test file beside a *_train.jsonl")
+    held = {q for q in distinct if _hash(q) % HOLD_OUT == 0} or {min(distinct, key=_hash)}
+    if held == distinct:
+        raise ValueError(f"load_problems: all {len(distinct)} questions of {where} fall in the held-out slice "
+                         f"(1 in {HOLD_OUT} by question hash), leaving nothing to train on; add rows, or put "
+                         f"held-out questions in a test file beside a *_train.jsonl")
+    return held
+
+
+def _hash(question):
+    # [ours] salted: tiny.py picks its test questions by the unsalted sha256 % 10, so without the salt a
+    # file of tiny's training questions would have none in the slice, and one of its test questions all
+    return int(hashlib.sha256(("held out: " + question).encode("utf-8")).hexdigest(), 16)
+
 
 # -----------------------------------------------------------------------------
 # Reading raw rows: a local copy first, then the hub

@@ -9,8 +9,21 @@ Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pas
 The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
 OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model argument goes through
 model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32 weights,
-bf16 autocast on a GPU that supports it), and train.py's held-out accuracy is evaluate() below, so
-the two numbers cannot disagree.
+bf16 autocast on a GPU that supports it), and train.py's held-out accuracy is evaluate() below: on the
+same rows (--limit = train.py's --eval_size) and --max_new_tokens, eval.py's accuracy equals train.py's
+bit for bit on a CPU in float32. On a GPU under bf16 autocast, results change with batch shape, and
+train.py generates in batches of its --gen_batch_size (256 when 0), eval.py in --batch_size: the two
+can differ by a few completions.
+
+A benchmark is always a test split, data.load_problems(name, "test"), and the line printed before the
+table says what each one's rows are (data.describe). A .jsonl file is no exception: eval.py evaluates
+the same test split that train.py's held-out accuracy uses for `--dataset FILE`, never a training row:
+  mine.jsonl        the 1 question in 10 held out by a hash of its text (never trained on), not the
+                    whole file: the other 9 in 10 are what `train.py --dataset mine.jsonl` trains on
+  mine_train.jsonl  the test file beside it, mine_test.jsonl, minus questions also in mine_train.jsonl
+  mine_test.jsonl   the whole file (a file named as a test set is never trained on), minus the
+                    questions of mine_train.jsonl if that file is beside it
+So to evaluate every row of a file of your own, name it as a test set (test.jsonl, *_test.jsonl).
 
 What is measured, per benchmark (n samples for each of its problems, c of them correct):
   accuracy    greedy (n = 1, temperature 0): pass@1. Sampled: avg@n, the mean accuracy over all
@@ -30,7 +43,9 @@ correct, length, truncated) as one JSON line to --out (default out/eval/<model>.
 as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and generated in
 batches; on a CUDA out-of-memory error the batch is halved and retried. Sampling is seeded per
 benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size or on a halving
-(rollout.py draws each row's random numbers from the seed, the row and the position alone).
+(rollout.py draws each row's random numbers from the seed, the row and the position alone). That
+holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the logits themselves change with
+batch shape, so --batch_size or a halving can change a sample (or a greedy completion) there.
 """
 import argparse
 import json
@@ -80,8 +95,9 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
 
     batch_size: completions per `generate` call (halved on CUDA out-of-memory).
     seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed gives
-    the same samples whatever batch_size, an out-of-memory halving or other random draws, and torch's
-    generator is not touched; seed=None draws one seed from torch's generator for
+    the same samples whatever batch_size, an out-of-memory halving or other random draws (bit for bit on
+    a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape, and so can the
+    samples), and torch's generator is not touched; seed=None draws one seed from torch's generator for
     the whole evaluation. With top_p < 1, generate's own sampler draws from torch's generator: the
     seed seeds a forked generator state (the caller's RNG is left as it was), so a run reproduces at
     the same batch_size. Returns a dict with problems, generations, n, temperature,
@@ -183,8 +199,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="'tiny', a local folder, a short name (Qwen2.5-0.5B) or a hub id")
     p.add_argument("--benchmarks", default="tiny",
-                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files; or 'all' "
-                        f"(= {','.join(BENCHMARKS)})")
+                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files (their test split, "
+                        f"the rows train.py holds out: see above); or 'all' (= {','.join(BENCHMARKS)})")
     p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top_p", type=float, default=1.0)
@@ -262,6 +278,8 @@ def run(args):
     for b, rows in benchmarks.items():
         if not rows:
             raise ValueError(f"--benchmarks: {b} has no problems; check the file")
+    # what each benchmark's rows are: a .jsonl's held-out slice must not pass for the whole file
+    splits = {b: data.describe(b, "test", data_dir=args.data_dir) for b in benchmarks}
 
     import model as models  # imported here: it pulls in transformers' model classes
     model, tokenizer = models.load_model(args.model, device=args.device, dtype=args.dtype)
@@ -274,6 +292,9 @@ def run(args):
     cast = " + bf16 autocast" if models.autocast_enabled(device, args.dtype) else ""
     print(f"model {args.model} | {device} {weights}{cast} | "
           f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}", flush=True)
+    for b, rows in benchmarks.items():
+        limited = f" (--limit {args.limit})" if args.limit is not None else ""
+        print(f"data {b} | {len(rows)} problems{limited} | {splits[b]}", flush=True)
 
     results = {}
     with open(out, "w", encoding="utf-8") as f:
@@ -288,7 +309,7 @@ def run(args):
             f.flush()
             results[name] = res
             with open(table_path, "w", encoding="utf-8") as t:  # rewritten after each benchmark
-                json.dump({"settings": settings, "results": results}, t, indent=2)
+                json.dump({"settings": settings, "data": splits, "results": results}, t, indent=2)
     print(format_table(results, args.n))
     print(f"generations: {out}\ntable: {table_path}")
     return results

@@ -1,5 +1,8 @@
-"""data.py: every named data set against its raw file, field detection, errors, and the prompt format."""
+"""data.py: every named data set against its raw file, field detection, a .jsonl's train and test
+splits, errors, and the prompt format."""
+import hashlib
 import json
+import random
 import re
 import subprocess
 import sys
@@ -7,7 +10,8 @@ import sys
 import pytest
 from conftest import ROOT, SHARED, requires_shared
 
-from data import INSTRUCTION, format_prompt, load_problems
+import data
+from data import INSTRUCTION, describe, format_prompt, load_problems
 from reward import last_boxed
 
 DATA = SHARED / "data"
@@ -145,10 +149,10 @@ def test_data_dir_layout_and_math_pool(tmp_path):
     ({"question": "q", "problem": "other", "answer": "1"}, "1"),
 ])
 def test_jsonl_field_variants(tmp_path, row, answer):
-    path = _write_jsonl(tmp_path / "p.jsonl", [row, row])
-    rows = load_problems(path)
+    path = _write_jsonl(tmp_path / "p_test.jsonl", [row, row])  # a test file: its test split is every row
+    rows = load_problems(path, "test")
     assert rows == [{"prompt": "q", "answer": answer, "id": 0}, {"prompt": "q", "answer": answer, "id": 1}]
-    assert load_problems(str(path), split="test", limit=1) == rows[:1]  # split is ignored for a file
+    assert load_problems(str(path), "test", limit=1) == rows[:1]
 
 
 def _one_line_error(*args, **kwargs):
@@ -182,6 +186,142 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"question": "q", "answer": "1"}\n{not json\n', encoding="utf-8")
     assert "line 2" in _one_line_error(path)
+
+
+# -----------------------------------------------------------------------------
+# A .jsonl file's train and test splits: no held-out row is ever a training row
+
+
+def _qa(questions):
+    return [{"question": q, "answer": str(i)} for i, q in enumerate(questions)]
+
+
+def _digest(question):
+    """The spec of the hash: sha256 of "held out: " and the whitespace-collapsed question."""
+    return hashlib.sha256(("held out: " + " ".join(question.split())).encode("utf-8")).hexdigest()
+
+
+def _is_held(question):
+    return int(_digest(question), 16) % 10 == 0
+
+
+def _splits(path):
+    return load_problems(path, "train"), load_problems(path, "test")
+
+
+def test_no_held_out_row_of_a_jsonl_is_ever_in_its_train_split(tmp_path):
+    """A property over 40 generated files (2 to 300 rows, questions written twice, whitespace variants):
+    train and test partition the rows, share no question, each holds at least one row, the held-out
+    questions are exactly those of the hash rule (or the smallest hash when none is), and neither the
+    file's order nor rows appended to it move a question between the splits."""
+    rng = random.Random(0)
+    fell_back = 0
+    for case in range(40):
+        n = rng.choice([2, 3, 5, 12, 40, 300])
+        pool = [f"What is {rng.randrange(10**6)} + {case}?" for _ in range(max(2, n * 3 // 4))]
+        questions = pool[:2] + [rng.choice(pool) for _ in range(n - 2)]  # some questions twice
+        questions = [q.replace(" ", "  ", 1) if rng.random() < 0.2 else q for q in questions]  # same, spaced
+        path = _write_jsonl(tmp_path / f"c{case}.jsonl", _qa(questions))
+        train, test = _splits(path)
+        assert train and test
+        assert sorted(r["id"] for r in train + test) == list(range(n))
+        collapse = {r["id"]: " ".join(r["prompt"].split()) for r in train + test}
+        held = {collapse[r["id"]] for r in test}
+        assert not held & {collapse[r["id"]] for r in train}
+        by_rule = {q for q in collapse.values() if _is_held(q)}
+        if by_rule:
+            assert held == by_rule, case
+        else:  # no question falls in the slice: the one with the smallest hash is held out
+            fell_back += 1
+            assert held == {min(set(collapse.values()), key=_digest)}
+        shuffled = questions[:]
+        rng.shuffle(shuffled)
+        again = load_problems(_write_jsonl(tmp_path / f"s{case}.jsonl", _qa(shuffled)), "test")
+        assert {" ".join(r["prompt"].split()) for r in again} == held
+        if by_rule:  # a question the rule holds out stays held out, whatever is appended
+            more = questions + [f"An appended question {case}.{i}?" for i in range(30)]
+            longer = load_problems(_write_jsonl(tmp_path / f"a{case}.jsonl", _qa(more)), "test")
+            assert held <= {" ".join(r["prompt"].split()) for r in longer}
+    assert 0 < fell_back < 40  # both paths ran: the hash rule and the at-least-one fallback
+    # and describe() says the same numbers, and never calls a training row held out
+    path = _write_jsonl(tmp_path / "mine.jsonl", _qa([f"question {i}" for i in range(120)]))
+    train, test = _splits(path)
+    assert len(test) == 10 and len(train) == 110  # 10 of these 120 questions fall in the slice
+    assert describe(path, "test") == (f"{path}: 10 of 120 rows held out by question hash (1 in 10, at least 1), "
+                                      f"never trained on")
+    assert describe(path, "train") == (f"{path}: 110 of 120 rows, the other 10 held out by question hash "
+                                       f"(1 in 10, at least 1)")
+
+
+@pytest.mark.parametrize("train_name,test_name", [
+    ("train.jsonl", "test.jsonl"), ("mine_train.jsonl", "mine_test.jsonl"), ("mine.train.jsonl", "mine.test.jsonl"),
+    ("train-v2.jsonl", "test-v2.jsonl"),
+])
+def test_a_test_file_beside_the_training_file_is_the_held_out_set(tmp_path, train_name, test_name):
+    train_rows = _qa([f"train question {i}" for i in range(30)])
+    test_rows = _qa(["new 1", "train question 3", "new 2", "train   question\n7", "new 3"])  # 2 also in training
+    train_path = _write_jsonl(tmp_path / "d" / train_name, train_rows)
+    test_path = _write_jsonl(tmp_path / "d" / test_name, test_rows)
+    train, test = _splits(train_path)
+    assert [r["prompt"] for r in train] == [r["question"] for r in train_rows]  # the whole training file
+    assert [(r["prompt"], r["id"]) for r in test] == [("new 1", 0), ("new 2", 2), ("new 3", 4)]
+    assert describe(train_path, "test") == f"{test_path} beside {train_path} (2 of its 5 rows also in training dropped)"
+    assert describe(train_path, "train") == f"{train_path}, all 30 rows (the held-out rows are {test_path} beside it)"
+    # the test file's own name gives the same held-out rows, and refuses to be trained on
+    assert load_problems(test_path, "test") == test and describe(test_path, "test") == describe(train_path, "test")
+    msg = _one_line_error(test_path, "train")
+    assert "named as a test set" in msg and str(train_path) in msg
+
+
+def test_a_test_file_alone_is_all_test_and_a_train_file_alone_holds_out_by_hash(tmp_path):
+    bench = _write_jsonl(tmp_path / "bench_test.jsonl", _qa(["a?", "b?", "a?"]))
+    assert [r["prompt"] for r in load_problems(bench, "test")] == ["a?", "b?", "a?"]
+    assert describe(bench, "test") == f"{bench}, all 3 rows (named as a test set, never trained on)"
+    assert "never trained on" in _one_line_error(bench)  # the default split is train
+    # a training file with no test file beside it: the hash rule, and describe says what is missing
+    alone = _write_jsonl(tmp_path / "mine_train.jsonl", _qa([f"question {i}" for i in range(120)]))
+    plain = _write_jsonl(tmp_path / "mine.jsonl", _qa([f"question {i}" for i in range(120)]))
+    assert _splits(alone) == _splits(plain)
+    assert describe(alone, "test").endswith(f"(1 in 10, at least 1; no {tmp_path / 'mine_test.jsonl'} beside it), "
+                                            f"never trained on")
+    # "train" inside a longer word is not the word: training.jsonl has no test file, testing.jsonl is ignored
+    training = _write_jsonl(tmp_path / "training.jsonl", _qa([f"question {i}" for i in range(120)]))
+    _write_jsonl(tmp_path / "testing.jsonl", _qa(["elsewhere?"]))
+    assert _splits(training) == _splits(plain)
+
+
+def test_describe_names_each_named_split_without_loading_it(tmp_path, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("describe must not load a named data set")
+    monkeypatch.setattr(data, "_raw_rows", no_loading)
+    monkeypatch.delenv("NANOD3S_DATA_DIR", raising=False)
+    _write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    assert describe("gsm8k", "test", data_dir=tmp_path) == f"gsm8k test split ({tmp_path / 'gsm8k' / 'test.jsonl'})"
+    assert describe("gsm8k", "train", data_dir=tmp_path) == "gsm8k train split (hub openai/gsm8k)"
+    assert describe("aime24", "test") == "aime24 test split (hub HuggingFaceH4/aime_2024)"
+    assert describe("math", "test") == "math test split (MATH-500)"
+    assert describe("math", "train") == "math train split (the MATH test problems outside MATH-500)"
+    assert describe("tiny", "test") == "tiny test split (tiny.py holds 1 question in 10 out, by a hash of its text)"
+    assert describe("tiny-long", "train").startswith("tiny-long train split")
+    for args in (("gsm9k", "test"), ("aime24", "train"), ("tiny-nope", "test")):
+        with pytest.raises(ValueError) as info:
+            describe(*args)
+        assert "\n" not in str(info.value)
+
+
+def test_a_jsonl_that_cannot_hold_anything_out_is_a_one_line_error(tmp_path):
+    one = _write_jsonl(tmp_path / "one.jsonl", _qa(["1+2?"]))
+    assert "1 distinct question(s), too few to hold any out" in _one_line_error(one, "train")
+    same = _write_jsonl(tmp_path / "same.jsonl", _qa(["1+2?", "1+2?", " 1+2? "]))
+    assert "too few to hold any out" in _one_line_error(same, "test")
+    both = [q for q in (f"q{i}" for i in range(200)) if _is_held(q)][:2]  # two questions, both in the slice
+    msg = _one_line_error(_write_jsonl(tmp_path / "both.jsonl", _qa(both)), "train")
+    assert "all 2 questions" in msg and "nothing to train on" in msg
+    _write_jsonl(tmp_path / "x_train.jsonl", _qa(["a", "b"]))
+    msg = _one_line_error(_write_jsonl(tmp_path / "x_test.jsonl", _qa(["b", " a"])), "test")
+    assert "every one of the 2 questions" in msg and "nothing is held out" in msg
+    msg = _one_line_error(one, "validation")
+    assert "a .jsonl file has the splits train and test, got 'validation'" in msg
 
 
 def test_aime25_local_copy_first_then_its_hub_id(tmp_path, monkeypatch):

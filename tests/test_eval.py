@@ -236,6 +236,34 @@ def test_cli_every_shared_benchmark(tiny_dir, tmp_path):
         assert refs == [p["answer"] for p in data.load_problems(name, "test", limit=4, data_dir=SHARED / "data")]
 
 
+def test_cli_a_jsonl_benchmark_is_the_split_train_py_holds_out(tiny_dir, tiny_model, tmp_path, capsys):
+    """A .jsonl benchmark is its test split, load_problems(FILE, "test"): the rows train.py's held-out
+    accuracy uses for --dataset FILE, never one of its training rows; a file named as a test set is
+    evaluated whole. The line before the table and the table's "data" say which rows each one is."""
+    _, tokenizer = tiny_model
+    mine, bench = tmp_path / "mine.jsonl", tmp_path / "bench_test.jsonl"
+    for path, rows in ((mine, tiny.problems("train", limit=40)), (bench, tiny.problems("test", limit=5))):
+        path.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    out = tmp_path / "j.jsonl"
+    assert main(["--model", tiny_dir, "--benchmarks", f"{mine},{bench}", "--max_new_tokens", str(tiny.MAX_NEW_TOKENS),
+                 "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    lines, table = _read(out)
+    _check_table_against_jsonl(lines, table, n=1)
+    held_out, trained = data.load_problems(mine, "test"), data.load_problems(mine, "train")
+    evaluated = [r["prompt"] for r in lines if r["benchmark"] == str(mine)]
+    assert 0 < len(evaluated) == len(held_out) < 40  # the held-out slice, not the whole file
+    assert evaluated == [data.format_prompt(tokenizer, r["prompt"]) for r in held_out]
+    assert not set(evaluated) & {data.format_prompt(tokenizer, r["prompt"]) for r in trained}
+    assert [r["reference"] for r in lines if r["benchmark"] == str(bench)] == [r["answer"] for r in
+                                                                               tiny.problems("test", limit=5)]
+    for path, count in ((mine, len(held_out)), (bench, 5)):
+        said = data.describe(path, "test")
+        assert table["data"][str(path)] == said and f"data {path} | {count} problems | {said}" in stdout
+    assert "held out by question hash" in table["data"][str(mine)]
+    assert "named as a test set" in table["data"][str(bench)]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--benchmarks", "gsm9k"], "unknown benchmark 'gsm9k'"),
     (["--benchmarks", "nowhere/problems.jsonl"], "no file 'nowhere/problems.jsonl'"),
