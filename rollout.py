@@ -402,11 +402,11 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     step = B if batch_size is None else batch_size
     if share:  # whole groups per call, so that a prompt's rows share its cache
         step = max(group_size, step // group_size * group_size)
+    hooks = _rotary_in_autocast_dtype(model, device)  # under autocast: a KV cache in the autocast dtype
     was_training, checkpoint_config = model.training, model.generation_config
     model.eval()
     # generate fills every field `config` leaves unset from model.generation_config: make that blank
     model.generation_config = GenerationConfig()
-    hooks = _rotary_in_autocast_dtype(model, device)
     chunks, entropies = [], []
     try:
         with torch.no_grad():
