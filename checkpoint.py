@@ -35,44 +35,73 @@ import torch
 from tqdm import tqdm
 
 VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step seeds, had one)
-# Knobs that may change when a run is resumed: none of them changes what the run computes.
-RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb")
+# Knobs that may change when a run is resumed: none of them changes what the run computes (the last five
+# only how it fits in memory, beyond float rounding: what an out-of-memory stop asks to lower).
+RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb",
+               "micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkpointing", "generation")
 
 
-def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained):
-    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs.
+def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None):
+    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs, and
+    for a tiny-world run tiny.json naming its world, so that `--model RUN/checkpoint` continues in that
+    world with its values (tiny.world_of reads it).
 
-    Crash-safe: written to checkpoint.tmp, whose trainer.pt comes last (so a tmp with a trainer.pt is
-    complete), every file and the folder flushed to disk, then swapped in: checkpoint -> checkpoint.old,
-    checkpoint.tmp -> checkpoint, remove checkpoint.old. finish_swap completes a swap a crash cut short.
+    Crash-safe: written to checkpoint.tmp, every file and the folder flushed to disk, and only then
+    trainer.pt renamed into place, the marker that the folder is complete (finish_swap trusts it), then
+    swapped in: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, remove checkpoint.old.
+    log.jsonl is flushed too, so the log on disk reaches the checkpoint's step.
     """
     finish_swap(run_dir)
     final, tmp, old = (os.path.join(run_dir, name) for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if world is not None:
+        with open(os.path.join(tmp, "tiny.json"), "w") as f:
+            json.dump({"world": world, "trained_by": "train.py", "step": step}, f)
     state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(), "history": history,
              "tokens_trained": tokens_trained}  # step: the next step to run; its prompts are batch_at(step)
     torch.save(state, os.path.join(tmp, "trainer.pt.part"))
-    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))  # tmp is complete
-    # [ours] A rename is ordered before the data it names only once the data is on disk: without this
-    # flush, a power cut could leave a renamed checkpoint of empty files after the old one is removed.
+    # [ours] A rename can reach the disk before the data it names: every file and the folder are flushed
+    # first, and only then does the marker appear, so a tmp folder with a trainer.pt is complete on disk
+    # even across a power cut, and finish_swap may trust it.
     for name in os.listdir(tmp):
         fsync(os.path.join(tmp, name))
     fsync(tmp)
+    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))  # the marker: tmp is complete
+    fsync(tmp)  # the marker's rename
+    for name in ("log.jsonl", "config.json"):
+        if os.path.isfile(os.path.join(run_dir, name)):
+            fsync(os.path.join(run_dir, name))
     if os.path.isdir(final):
         os.replace(final, old)
     os.replace(tmp, final)
     fsync(run_dir)  # the renames themselves
     shutil.rmtree(old, ignore_errors=True)
+    return step
 
 
-def fresh(run_dir):
-    """The folder of a fresh run: created, or emptied of what an earlier run left there (its log, its
-    selection pages, its checkpoint), so that nothing of it is ever resumed or plotted as this run's."""
+RUN_FILES = ("log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp",
+             "checkpoint.old")
+
+
+def check_fresh(run_dir, overwrite=False):
+    """A fresh run may start in run_dir: a ValueError if it holds another run (its log or its checkpoint)
+    and `overwrite` is off. A second run never destroys a first one that the user did not ask to replace."""
+    held = [name for name in ("log.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+            if os.path.exists(os.path.join(run_dir, name))]
+    if held and not overwrite:
+        raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): continue it with python train.py "
+                         f"--resume {run_dir}, or replace it with --overwrite true, or pass another --out_dir")
+
+
+def fresh(run_dir, overwrite=False):
+    """The folder of a fresh run (check_fresh first): created, or emptied of what another run left there
+    (its log, pages and checkpoint), so that nothing of it is ever resumed or plotted as this run's."""
+    check_fresh(run_dir, overwrite)
     os.makedirs(run_dir, exist_ok=True)
-    for old in ("log.jsonl", "log.jsonl.cut", "selection", "checkpoint", "checkpoint.tmp", "checkpoint.old"):
-        path = os.path.join(run_dir, old)
+    for name in RUN_FILES:
+        path = os.path.join(run_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):
@@ -117,7 +146,9 @@ def load(run_dir):
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
-        state = torch.load(os.path.join(ckpt, "trainer.pt"), weights_only=False)
+        # map_location: a checkpoint saved on a GPU loads on any machine; load_state_dict then moves the
+        # optimizer state to wherever the parameters are (--device may change on resume)
+        state = torch.load(os.path.join(ckpt, "trainer.pt"), map_location="cpu", weights_only=False)
     except Exception as e:
         raise ValueError(f"--resume {run_dir}: its config.json or checkpoint/trainer.pt is corrupt "
                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); start a fresh run") from None
@@ -129,8 +160,8 @@ def load(run_dir):
 
 def resume(cfg, given):
     """(config, given, trainer state) of --resume RUN: the run continues with its saved config, in the
-    folder given (it may have been moved), and only the RESUME_SAFE knobs may change. log.jsonl is cut
-    back to the checkpoint's step."""
+    folder given (it may have been moved), and only the RESUME_SAFE knobs may change; a change is
+    recorded in RUN/resumes.jsonl. log.jsonl is cut back to the checkpoint's step."""
     saved, state = load(cfg.resume)
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
@@ -141,9 +172,13 @@ def resume(cfg, given):
     if set(saved) != known:
         raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this train.py "
                          f"({', '.join(sorted(set(saved) ^ known))}); start a fresh run")
+    changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given) if n != "resume" and saved[n] != getattr(cfg, n)}
+    if changed:
+        with open(os.path.join(cfg.resume, "resumes.jsonl"), "a") as f:
+            f.write(json.dumps({"step": state["step"], "changed": changed}) + "\n")
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
     trim_log(cfg.resume, state["step"])
-    return type(cfg)(**saved), known, state  # the saved config is complete: every knob counts as given
+    return type(cfg)(**saved), known, {**state, "changed": changed}  # every knob of a saved config counts as given
 
 
 def trim_log(run_dir, step):
@@ -166,6 +201,19 @@ def trim_log(run_dir, step):
         with open(path + ".tmp", "w") as f:
             f.writelines(keep)
         os.replace(path + ".tmp", path)
+
+
+def out_of_memory(cfg, step, saved):
+    """The line an out-of-memory stop prints: where the run continues from, and with which of the knobs
+    that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
+    gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
+    lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} (or --gen_batch_size {max(1, gen // 2)}, "
+             f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; docs/speed.md has "
+             f"settings by GPU memory)")
+    if saved is None:
+        return f"out of memory at step {step}, before any checkpoint; start again with less memory per pass: {lower}"
+    return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; continue with less memory "
+            f"per pass: python train.py --resume {cfg.out_dir} {lower}")
 
 
 class Signals:

@@ -62,7 +62,7 @@ def resolve(cfg, given=None):
         raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
     cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss) for f in dataclasses.fields(cfg)
                                       if "pick" in f.metadata and f.name not in given})
-    cfg.out_dir = cfg.out_dir or os.path.join("out", f"{cfg.method}-{os.path.basename(cfg.model.rstrip('/'))}")
+    cfg.out_dir = cfg.out_dir or run_folder(cfg, given)
     check(cfg)
     for name, (value, why) in applied_ratios(cfg).items():
         if getattr(cfg, name) != value and name in given:
@@ -70,6 +70,34 @@ def resolve(cfg, given=None):
                              f"leave it out")
         setattr(cfg, name, value)
     return cfg
+
+
+# Knobs a run folder's default name leaves out: the method and the model open the name, and the rest
+# change nothing the run computes (where it runs, how often it reports, how it fits in memory).
+UNNAMED = ("method", "model", "out_dir", "resume", "overwrite", "device", "eval_every", "save_every", "wandb",
+           "data_dir", "micro_batch_size", "gen_batch_size", "generation", "logprob_chunk", "gradient_checkpointing")
+
+
+def run_folder(cfg, given):
+    """The default run folder: out/<method>-<model>, then every other knob set on the command line, as
+    knob=value, so that a second run never lands in the first one's folder [ours]:
+        python train.py                        -> out/d3s-tiny
+        python train.py --method grpo          -> out/grpo-tiny
+        python train.py --seed 1 --lr 1e-4     -> out/d3s-tiny-lr=0.0001-seed=1
+    A value that is a path names its file (--dataset data/mine.jsonl -> dataset=mine); a checkpoint
+    folder is named by its run (--model out/d3s-tiny/checkpoint -> d3s-tiny-checkpoint)."""
+    def short(value):
+        if isinstance(value, float):
+            return f"{value:g}"
+        if isinstance(value, bool):
+            return str(value).lower()
+        return os.path.splitext(os.path.basename(str(value).rstrip("/")))[0] or str(value)
+    model = cfg.model.rstrip("/")
+    name = os.path.basename(model) if os.path.basename(model) != "checkpoint" else \
+        f"{os.path.basename(os.path.dirname(model))}-checkpoint"
+    knobs = [f"{f.name}={short(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)
+             if f.name in given and f.name not in UNNAMED]
+    return os.path.join("out", "-".join([f"{cfg.method}-{name}", *knobs]))
 
 
 def applied_ratios(cfg):
@@ -154,14 +182,18 @@ def parse_args(config_class, argv, description=""):
     return config_class(**given), set(given)
 
 
+class Stop(Exception):
+    """A run that cannot go on (out of memory, a model that produces NaN): one line, exit code 1."""
+
+
 def main(config_class, train, argv=None, description=""):
-    """`python train.py ...`: bad input is one line and exit code 2; Ctrl-C and SIGTERM, after train has
-    saved a checkpoint, exit with 130 and 143 (128 + the signal)."""
+    """`python train.py ...`: bad input is one line and exit code 2; a Stop is one line and exit code 1;
+    Ctrl-C and SIGTERM, after train has saved a checkpoint, exit with 130 and 143 (128 + the signal)."""
     cfg, given = parse_args(config_class, sys.argv[1:] if argv is None else argv, description)
     try:
         train(cfg, given=given)
-    except ValueError as e:  # bad input: no traceback
+    except (ValueError, Stop) as e:  # bad input, or a run that cannot go on: no traceback
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(1 if isinstance(e, Stop) else 2)
     except KeyboardInterrupt as e:
         sys.exit(128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT))

@@ -30,13 +30,14 @@ import checkpoint
 import config
 import d3s
 import plots
+import tiny
 from config import pick
-from data import format_prompt, load_problems
+from data import describe, format_prompt, load_problems
 from eval import evaluate
 from logs import NO_SIGNAL, Stopwatch, start_wandb, step_line, step_record
 from model import autocast, load_model, weight_dtype
 from reward import score
-from rollout import completion_hidden, generate_groups, head_logprobs
+from rollout import NonFiniteLogits, completion_hidden, generate_groups, head_logprobs
 
 # -----------------------------------------------------------------------------
 # config: every knob with the value a run uses. pick(tiny=..., real=...) holds both values on the knob's
@@ -83,7 +84,8 @@ class Config:
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same ones every time
     eval_every: int = 25                # steps between evaluations (also at step 0 and at the end; 0: only those)
     save_every: int = 25                # steps between checkpoints (also at the end and on a signal; 0: only those)
-    out_dir: str = ""                   # the run folder ("": out/<method>-<model>)
+    out_dir: str = ""                   # the run folder ("": out/<method>-<model>-<knob>=<value> of each flag given)
+    overwrite: bool = False             # let a fresh run replace what another run left in out_dir (else it refuses)
     seed: int = 0                       # prompt order, and the seed of every random number of every step
     device: str = "auto"                # auto | cpu | cuda | cuda:1 ...
     resume: str = ""                    # a run folder to continue from its last checkpoint
@@ -99,12 +101,15 @@ def train(cfg, log=print, given=None):
     cfg = config.resolve(cfg, given)  # each knob's value for this run, checked
     method, K, G, run_dir = d3s.METHODS[cfg.method], cfg.updates_per_batch, cfg.group_size, cfg.out_dir
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    world = tiny.world_of(cfg.model)  # a tiny world (by name, or a folder that says so), else None: a real model
 
     def ctx():  # [ours] --dtype auto: fp32 master weights, forward passes in bf16 autocast on a GPU (model.py)
         return autocast(device, cfg.dtype)
 
     train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir or None)  # data first: a typo fails fast
     eval_set = load_problems(cfg.dataset, "test", data_dir=cfg.data_dir or None)[:cfg.eval_size]
+    if state is None:  # a folder that holds another run is refused before any work, unless --overwrite true
+        checkpoint.check_fresh(run_dir, cfg.overwrite)
     # the policy (from the checkpoint when resuming), and for the KL term the frozen initial model
     source = os.path.join(run_dir, "checkpoint") if state is not None else cfg.model
     model, tokenizer = load_model(source, device=device, dtype=weight_dtype(cfg.dtype))
@@ -119,33 +124,33 @@ def train(cfg, log=print, given=None):
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         start, history, tokens_trained = state["step"], state["history"], state["tokens_trained"]
-        log(f"resuming {run_dir} at step {start}")
+        log(f"resuming {run_dir} at step {start}" + "".join(f"; --{k} {a} -> {b}" for k, (a, b) in
+                                                             state["changed"].items()))
     else:
-        checkpoint.fresh(run_dir)  # a new folder, or an old run's folder emptied of its log, pages and checkpoint
+        checkpoint.fresh(run_dir, cfg.overwrite)  # created, or emptied of the run it held
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
-    log(f"run {run_dir} | {cfg.model} on {device} | {cfg.method} ({method['sample']} samples, {method['token']} "
-        f"tokens, {method['schedule']} schedule) + {cfg.loss}, K={K} | {len(train_set)} train / {len(eval_set)} eval")
+    log(f"run {run_dir} | {cfg.model} on {device}, {f'the {world} world' if world else 'a real model'}'s values | "
+        f"{cfg.method} ({method['sample']} samples, {method['token']} tokens, {method['schedule']} schedule) + "
+        f"{cfg.loss}, K={K} | {len(train_set)} train / {len(eval_set)} held-out: "
+        f"{describe(cfg.dataset, 'test', cfg.data_dir or None)}")
     wandb_run = start_wandb(cfg)
     bar = tqdm(total=cfg.steps, initial=start, disable=not sys.stderr.isatty(), dynamic_ncols=True)  # a terminal only
     say = tqdm.write if not bar.disable else log
-    completed, idle_steps = start, 0  # completed: the steps fully applied to the model
+    completed, saved, oom = start, start if state else None, False  # completed: the steps applied to the model
     with checkpoint.Signals() as signals:
         try:
             for step in range(start, cfg.steps + 1):
                 # evaluate (step 0, every eval_every, the end; again if a stop cut it short) and checkpoint
-                if due(step, cfg.eval_every, cfg.steps) and step not in [h["step"] for h in history]:
-                    with ctx():
-                        acc = held_out(model, tokenizer, eval_set, cfg)
-                    history.append({"step": step, "tokens": tokens_trained, "accuracy": acc})
-                    say(f"eval step {step} | held-out accuracy {acc:.3f} ({len(eval_set)} {cfg.dataset} test prompts, "
-                        f"greedy)")
-                    if step > 0:  # RUN/curves.png (before the first step there is nothing to draw)
-                        plots.plot_run(run_dir, history)
-                    if wandb_run:
-                        wandb_run.log({"accuracy": acc}, step=step)
-                if step > start and due(step, cfg.save_every, cfg.steps, first=False):
-                    checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained)
+                evaluate_now = due(step, cfg.eval_every, cfg.steps) and step not in [h["step"] for h in history]
+                if evaluate_now:
+                    history.append({"step": step, "tokens": tokens_trained,
+                                    "accuracy": held_out(model, tokenizer, eval_set, cfg, ctx)})
+                    report_eval(run_dir, history, len(eval_set), cfg, say, wandb_run)
+                # a checkpoint when due, and when a resumed run redid a missing evaluation, so it is recorded
+                if (step > start and due(step, cfg.save_every, cfg.steps, first=False)) or (evaluate_now and step
+                                                                                             == start > 0):
+                    saved = checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
                 if step == cfg.steps:
                     break
                 rho_s, rho_t = d3s.keep_ratios(step, cfg.steps, method["schedule"], cfg.s_init, cfg.s_final,
@@ -177,7 +182,6 @@ def train(cfg, log=print, given=None):
                 kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
                 N, valid = len(idx), kept.completion_mask  # (N, T)
                 token_mask, scores, updates = torch.zeros_like(valid), None, []
-                signals.hold = True  # from here the weights may move: a signal waits for the end of the batch
                 # [ours] with no advantage and no KL there is nothing to learn: the loss and its gradient are exactly 0
                 if cfg.beta > 0 or bool((adv_kept != 0).any()):
                     # 5. the kept rollouts' entropy for step 6, and logp_old when K > 1: one forward, no gradient,
@@ -200,42 +204,49 @@ def train(cfg, log=print, given=None):
                             u = backward(model, kept, mb, adv_kept, token_mask, old_logp if i else None, cfg, ctx,
                                          ref_model)
                         if u is not None:  # None: nothing to learn in this mini-batch, no optimizer step
+                            signals.hold = True  # the weights move: a signal waits for the end of the batch
                             updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip, u["loss"])})
                 tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
-                idle_steps += not updates
 
-                # log: one line per step; every field in log.jsonl (and wandb)
+                # log: one line per step; every field in log.jsonl (and wandb); what the step kept (plots.py)
                 row = step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates,
                                   rho_s=rho_s, rho_t=rho_t, t_gen=t_gen, t_upd=time.time() - t0, t_fb=fb.seconds,
                                   tokens_trained=tokens_trained)
-                with open(os.path.join(run_dir, "log.jsonl"), "a") as f:
-                    f.write(json.dumps(row) + "\n")
+                write_row(run_dir, row, wandb_run)
                 completed = step + 1
                 say(step_line(row, K))
                 bar.update(1)
-                if wandb_run:
-                    wandb_run.log(row, step=step)
                 if due(completed, cfg.eval_every, cfg.steps):  # the page of what this step kept (plots.py)
-                    plots.write_selection(run_dir, plots.selection_record(
-                        tokenizer, rollouts, [r["prompt"] for r in batch], [r["answer"] for r in batch], rewards,
-                        adv, idx, token_mask, scores,
-                        {**row, "method": cfg.method, **({} if updates else {"skipped_reason": NO_SIGNAL})}))
+                    plots.write_selection(run_dir, selection_record(tokenizer, rollouts, batch, rewards, adv, idx,
+                                                                    token_mask, scores, row, cfg.method))
                 signals.release()
         except KeyboardInterrupt:
             bar.close()
             if signals.hold and completed == step:  # a second signal while the batch's weights were moving
                 log(f"\nquit without saving; continue from the last checkpoint: python train.py --resume {run_dir}")
-                raise
+                raise KeyboardInterrupt(signals.received or 2) from None
             checkpoint.save(run_dir, model, tokenizer, optimizer, completed,
-                            [h for h in history if h["step"] <= completed], tokens_trained)
+                            [h for h in history if h["step"] <= completed], tokens_trained, world)
             log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume "
                 f"{run_dir}")
             raise KeyboardInterrupt(signals.received or 2) from None  # 2: SIGINT, for the exit code
+        except NonFiniteLogits as e:  # no checkpoint: these weights are what went wrong
+            raise config.Stop(f"step {step}: {e}") from None
+        except torch.OutOfMemoryError:
+            oom = True  # handled below, once the exception's frames (and their tensors) are released
+    if oom:
+        bar.close()
+        if not signals.hold:  # no weight of this batch moved yet: the steps applied so far are saved
+            optimizer.zero_grad(set_to_none=True)
+            saved = checkpoint.save(run_dir, model, tokenizer, optimizer, completed,
+                                    [h for h in history if h["step"] <= completed], tokens_trained, world)
+        raise config.Stop(checkpoint.out_of_memory(cfg, step, saved))
     bar.close()
     if wandb_run:
         wandb_run.finish()
+    idle = sum(r["no_signal"] for r in read_rows(run_dir) if r["step"] >= start)
     log(f"done: held-out accuracy {history[0]['accuracy']:.3f} -> {history[-1]['accuracy']:.3f} ({cfg.dataset}, "
-        f"{len(eval_set)} prompts, greedy); {idle_steps} of {cfg.steps - start} steps had nothing to learn "
+        f"{len(eval_set)} prompts, greedy); {idle} of {cfg.steps - start} steps had nothing to learn "
         f"(no update); run folder {run_dir}")
     return history
 
@@ -244,6 +255,35 @@ def due(step, every, steps, first=True):
     """Is an evaluation (first: also at step 0) or a checkpoint due at `step`? Every `every` steps (0:
     never) and at the end."""
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
+
+def write_row(run_dir, row, wandb_run):
+    """The step's row: appended to RUN/log.jsonl (and sent to wandb)."""
+    with open(os.path.join(run_dir, "log.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    if wandb_run:
+        wandb_run.log(row, step=row["step"])
+
+
+def read_rows(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def selection_record(tokenizer, rollouts, batch, rewards, adv, idx, token_mask, scores, row, method):
+    """plots.selection_record of this step: its groups, what each level kept, and why a skipped step was skipped."""
+    why = {"skipped_reason": NO_SIGNAL} if row["no_signal"] else {}
+    return plots.selection_record(tokenizer, rollouts, [r["prompt"] for r in batch], [r["answer"] for r in batch],
+                                  rewards, adv, idx, token_mask, scores, {**row, "method": method, **why})
+
+
+def report_eval(run_dir, history, n, cfg, say, wandb_run):
+    """The evaluation just appended to history: its line, RUN/curves.png (from the first step on) and wandb."""
+    h = history[-1]
+    say(f"eval step {h['step']} | held-out accuracy {h['accuracy']:.3f} ({n} held-out {cfg.dataset} prompts, greedy)")
+    if h["step"] > 0:  # before the first step there is nothing to draw
+        plots.plot_run(run_dir, history)
+    if wandb_run:
+        wandb_run.log({"accuracy": h["accuracy"]}, step=h["step"])
 
 # -----------------------------------------------------------------------------
 # the step's helpers, in the order the step calls them
@@ -410,10 +450,11 @@ def optimizer_step(model, optimizer, grad_clip, loss):
             "zero_grad": int(zero)}
 
 
-def held_out(model, tokenizer, eval_set, cfg):
+def held_out(model, tokenizer, eval_set, cfg, ctx):
     """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's)."""
-    return evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
-                    batch_size=cfg.gen_batch_size or 256)["accuracy"]
+    with ctx():
+        return evaluate(model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+                        batch_size=cfg.gen_batch_size or 256)["accuracy"]
 
 
 if __name__ == "__main__":

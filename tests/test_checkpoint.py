@@ -166,9 +166,12 @@ def test_a_crash_at_any_point_of_the_checkpoint_swap_leaves_a_checkpoint(tmp_pat
 
 def test_the_new_checkpoint_is_on_disk_before_the_old_one_goes(tmp_path, saved_parts, monkeypatch):
     """Power loss: a rename can reach the disk before the data it names. Every file of the new checkpoint
-    and its folder are flushed before the swap, and the swap itself before checkpoint.old is removed."""
+    and its folder are flushed before trainer.pt, the marker that it is complete, is renamed into place;
+    the marker's rename is flushed before the swap, the log before the swap, and the swap itself before
+    checkpoint.old is removed."""
     model, tok, opt = saved_parts
     checkpoint.save(str(tmp_path), model, tok, opt, 1, [], 0)
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\n')
     events = []
     real_fsync, real_replace, real_rmtree = checkpoint.fsync, os.replace, shutil.rmtree
     rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731
@@ -177,13 +180,31 @@ def test_the_new_checkpoint_is_on_disk_before_the_old_one_goes(tmp_path, saved_p
                                                                  real_replace(a, b)))
     monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda p, **k: (events.append(("rmtree", rel(p))),
                                                                      real_rmtree(p, **k)))
-    checkpoint.save(str(tmp_path), model, tok, opt, 2, [], 0)
+    checkpoint.save(str(tmp_path), model, tok, opt, 2, [], 0, world="tiny")
+    marker = events.index(("replace", os.path.join("checkpoint.tmp", "trainer.pt.part"),
+                           os.path.join("checkpoint.tmp", "trainer.pt")))
     swap = events.index(("replace", "checkpoint.tmp", "checkpoint"))
-    synced = {e[1] for e in events[:swap] if e[0] == "fsync"}
-    files = {os.path.join("checkpoint.tmp", f) for f in os.listdir(tmp_path / "checkpoint")}
-    assert files <= synced and "checkpoint.tmp" in synced  # every file, then the folder
+    before_marker = {e[1] for e in events[:marker] if e[0] == "fsync"}
+    files = {os.path.join("checkpoint.tmp", f) for f in os.listdir(tmp_path / "checkpoint") if f != "trainer.pt"}
+    assert "tiny.json" in os.listdir(tmp_path / "checkpoint")  # the run's world travels with its checkpoint
+    assert files | {os.path.join("checkpoint.tmp", "trainer.pt.part"), "checkpoint.tmp"} <= before_marker
+    assert ("fsync", "checkpoint.tmp") in events[marker:swap] and ("fsync", "log.jsonl") in events[:swap]
     drop = len(events) - 1 - events[::-1].index(("rmtree", "checkpoint.old"))  # the last: after the swap
     assert ("fsync", ".") in events[swap:drop]  # the renames are on disk before the old checkpoint goes
+
+
+def test_a_power_cut_before_the_marker_keeps_the_good_checkpoint(tmp_path, saved_parts):
+    """The state a power cut can leave mid-save: checkpoint.tmp with its files but no trainer.pt yet (the
+    marker comes last). finish_swap must keep the good checkpoint and drop the half-written one."""
+    model, tok, opt = saved_parts
+    (tmp_path / "config.json").write_text("{}")
+    checkpoint.save(str(tmp_path), model, tok, opt, 1, [], 0)
+    shutil.copytree(tmp_path / "checkpoint", tmp_path / "checkpoint.tmp")
+    (tmp_path / "checkpoint.tmp" / "trainer.pt").rename(tmp_path / "checkpoint.tmp" / "trainer.pt.part")
+    (tmp_path / "checkpoint.tmp" / "model.safetensors").write_bytes(b"")  # its data never reached the disk
+    _, state = checkpoint.load(str(tmp_path))
+    assert state["step"] == 1 and not (tmp_path / "checkpoint.tmp").exists()
+    assert (tmp_path / "checkpoint" / "model.safetensors").stat().st_size > 0
 
 
 # ----------------------------------------------------------------------------- resuming: what may change

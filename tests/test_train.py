@@ -16,6 +16,7 @@ import d3s
 import tiny
 import train
 from conftest import ROOT, exit_2, rows, weights
+from data import load_problems
 
 SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2,
              updates_per_batch=1, lr=1e-4)  # the values these tests were written at (defaults: K = 4, lr 5e-5)
@@ -145,7 +146,7 @@ def test_an_inline_edit_of_the_config_block_is_the_run(tmp_path, tiny_dir, capsy
     small = ["--steps", "1", "--prompts_per_step", "1", "--group_size", "2", "--eval_size", "1", "--eval_every", "0"]
     config.main(mine.Config, mine.train, ["--model", tiny_dir, "--out_dir", str(tmp_path / "tiny")] + small)
     jsonl = tmp_path / "q.jsonl"
-    jsonl.write_text(json.dumps({"question": "1+2", "answer": "3"}) + "\n")
+    jsonl.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in (("1+2", "3"), ("2+2", "4"))))
     config.main(mine.Config, mine.train, ["--model", real_model_folder(tmp_path / "real"), "--dataset", str(jsonl),
                                           "--max_new_tokens", "4", "--out_dir", str(tmp_path / "real-run")] + small)
     ran = {name: json.load(open(tmp_path / name / "config.json")) for name in ("tiny", "real-run")}
@@ -255,11 +256,15 @@ def test_backward_skips_a_minibatch_without_signal_unless_there_is_a_kl_term(tin
 def one_step_of_signal(tmp_path, tiny_dir):
     """A .jsonl of tiny questions where only the prompts of step 0 can be answered (the others' reference
     is "x", which no completion matches): steps 1 and 2 have every reward 0, step 0 has a signal."""
-    rows_ = tiny.problems("train")[:12]
-    first = {r["prompt"] for r in train.batch_at(rows_, 0, 4, 0)}
-    path = tmp_path / "one.jsonl"
-    path.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"] if r["prompt"] in first
-                                        else "x"}) + "\n" for r in rows_))
+    rows_, path = tiny.problems("train")[:12], tmp_path / "one.jsonl"
+
+    def write(answer):
+        path.write_text("".join(json.dumps({"question": r["prompt"], "answer": answer(r)}) + "\n" for r in rows_))
+    # train.py trains on the file minus the rows data.py holds out (1 question in 10, by a hash of its text
+    # alone, so the answers written below do not move it): step 0's prompts come from that split
+    write(lambda r: r["answer"])
+    first = {r["prompt"] for r in train.batch_at(load_problems(str(path), "train"), 0, 4, 0)}
+    write(lambda r: r["answer"] if r["prompt"] in first else "x")
     return dict(dataset=str(path), steps=3, updates_per_batch=2, eval_every=0, save_every=0)
 
 
