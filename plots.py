@@ -1,27 +1,48 @@
 """
-A run's pictures, so that a learner sees it learn and sees what D3S keeps. train.py calls both at
-every evaluation; `python plots.py RUN` rebuilds them for any run folder, finished or not.
+A run's pictures, so that a learner sees it learn and sees what D3S keeps, and one picture that puts
+runs side by side. train.py calls the first two at every evaluation.
 
-RUN/curves.png (plot_run), from RUN/log.jsonl and the held-out evaluations. Six panels against the
-step: the mean reward of the rollouts and the held-out accuracy; the share of rollouts and of tokens
-kept (D3S's two levels; GRPO keeps all); Var(A) of all rollouts and of the kept ones (sample
-selection raises it); the mean entropy of the sampling distribution; the gradient norm before
-clipping; and, with several updates per batch, the share of clipped tokens.
+    python plots.py RUN                          # rebuild RUN/curves.png and RUN's selection pages
+    python plots.py RUN RUN [RUN ...]            # compare runs: one picture, out/compare.png
+    python plots.py RUN RUN --out PATH           # ... written to PATH instead
+
+Each command prints the paths it wrote, one a line. A folder that is not a run is one line on stderr
+and exit code 2.
+
+RUN/curves.png (plot_run, curves_figure), from RUN/log.jsonl and the held-out evaluations. Six panels
+against the step: the mean reward of the rollouts and the held-out accuracy; the share of rollouts
+kept and the share of tokens trained, of the kept rollouts' tokens (rho_t, the step line's `tokens
+k/v`) and of all generated tokens (D3S's two levels; GRPO keeps all); Var(A) of all rollouts and of
+the kept ones (sample selection raises it); the mean entropy of the sampling distribution; the
+gradient norm before clipping; and, with several updates per batch, the share of clipped tokens. A
+step that made no update has no gradient norm and no clipped share: those two curves have a gap there.
+
+The comparison (compare_runs, compare_figure, run_labels): held-out accuracy against the step and
+against the tokens trained, the mean reward, the share of rollouts kept and of generated tokens
+trained, and the tokens trained so far, one line per run. Each line is labelled by the knobs of its
+config.json that differ between the runs ("method=grpo" / "method=d3s"), leaving out the knobs that
+change nothing computed (NOT_LABELS) and keep ratios a method does not use. The held-out accuracy
+comes from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is
+drawn from its log.jsonl alone and its label says so.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
 rollout and token by token, the picture of what D3S keeps. For a few groups of the step just
 trained (pick_groups), each rollout with its reward and advantage A, whether sample selection kept
 it, and its tokens as the tokenizer decodes them one by one: in a kept rollout each token is shaded
 blue by its score (|A|*H for D3S, by eighths of the step's scores) and the tokens token selection
-kept are bold and underlined in vermillion; tokens not trained and dropped rollouts are grey. The
-page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
-RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
-before an evaluation, so the other steps cost nothing.
+kept are bold and underlined in vermillion; tokens not trained and dropped rollouts are grey. A
+group whose A is 0 (all right or all wrong) that still had rollouts kept says why, and what they
+train. The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt
+from RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the
+step before an evaluation, so the other steps cost nothing.
 """
+import argparse
 import bisect
 import glob
 import html
+import io
 import json
+import math
 import os
 import sys
 import unicodedata
@@ -29,19 +50,48 @@ import unicodedata
 import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
+from PIL import Image  # matplotlib's own dependency  # noqa: E402
 
 
-def plot_run(run_dir, history=None):
-    """Write run_dir/curves.png. history: [{step, accuracy}] (None: read from run_dir/checkpoint/trainer.pt)."""
+def read_log(run_dir):
+    """RUN/log.jsonl as a list of rows ([] when there is none)."""
     path = os.path.join(run_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        return []
     rows = []
-    if os.path.isfile(path):
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    if history is None:
-        import torch  # only to re-plot a finished run from its checkpoint
-        state = os.path.join(run_dir, "checkpoint", "trainer.pt")
-        history = torch.load(state, weights_only=False)["history"] if os.path.isfile(state) else []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rows += [json.loads(line)] if line.strip() else []
+            except ValueError:
+                raise ValueError(f"{path}, line {n}, is not JSON (a line cut short?)") from None
+    return rows
+
+
+def read_history(run_dir):
+    """The held-out evaluations [{step, tokens, accuracy}] saved in RUN/checkpoint/trainer.pt, or None
+    when the run has no checkpoint yet."""
+    state = os.path.join(run_dir, "checkpoint", "trainer.pt")
+    if not os.path.isfile(state):
+        return None
+    import torch  # only to read a checkpoint: `import plots` stays light
+    try:
+        return torch.load(state, map_location="cpu", weights_only=False)["history"]  # a GPU run's, on any machine
+    except Exception as err:  # a torn or foreign file: any of pickle's, zipfile's or torch's errors
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"{state} cannot be read ({type(err).__name__}: {first})") from None
+
+
+def measured(row, key):
+    """row[key], or NaN (a gap in the curve) where the step made no update: such a step has no gradient
+    norm and no clipped share. Newer logs write null there; older ones wrote 0.0 with "updates": 0."""
+    value = row.get(key)
+    return math.nan if value is None or row.get("updates") == 0 or row.get("no_signal") is True else value
+
+
+def curves_figure(rows, history, title):
+    """The figure of curves.png: rows of log.jsonl, history [{step, accuracy}]."""
     steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(2, 3, figsize=(15, 7), dpi=70)
     (a, b, c), (d, e, g) = axes
@@ -49,24 +99,172 @@ def plot_run(run_dir, history=None):
     a.plot(steps, [r["reward"] for r in rows], label="reward (mean of the rollouts)", alpha=0.6)
     a.plot([h["step"] for h in history], [h["accuracy"] for h in history], "o-", label="held-out accuracy (greedy)")
     a.set_ylim(0, 1)
+    # two token shares, each named by its denominator: the step line's `tokens k/v` is the first
     b.plot(steps, [r["kept"] / r["rollouts"] for r in rows], label="rollouts kept / generated")
-    b.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows], label="tokens trained / generated")
+    b.plot(steps, [r["tokens"] / max(r["valid"], 1) for r in rows],
+           label="tokens trained / kept rollouts' tokens (rho_t)")
+    b.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows], label="tokens trained / all generated tokens")
     b.set_ylim(0, 1.05)
     c.plot(steps, [r["var_adv"] for r in rows], label="Var(A), all rollouts")
     c.plot(steps, [r["var_kept"] for r in rows], label="Var(A), kept rollouts")
     d.plot(steps, [r["entropy"] for r in rows], label="entropy of softmax(logits / T), kept rollouts")
-    e.plot(steps, [r["grad_norm"] for r in rows], label="gradient norm (before clipping)")
-    g.plot(steps, [r["clip_frac"] for r in rows], label="clipped share of kept tokens")
+    e.plot(steps, [measured(r, "grad_norm") for r in rows], label="gradient norm (before clipping; gap: no update)")
+    g.plot(steps, [measured(r, "clip_frac") for r in rows], label="clipped share of kept tokens (gap: no update)")
     g.plot(steps, [r["truncated"] for r in rows], label="truncated rollouts")
     for ax in axes.flat:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(os.path.basename(os.path.normpath(run_dir)))
+    fig.suptitle(title)
     # fixed margins: tight_layout measures every label first and doubled the cost of a plot
     fig.subplots_adjust(left=0.04, right=0.99, top=0.93, bottom=0.08, wspace=0.16, hspace=0.3)
+    return fig
+
+
+def plot_run(run_dir, history=None):
+    """Write run_dir/curves.png. history: [{step, accuracy}] (None: read from run_dir/checkpoint/trainer.pt)."""
+    if history is None:
+        history = read_history(run_dir) or []
+    fig = curves_figure(read_log(run_dir), history, os.path.basename(os.path.normpath(run_dir)))
     fig.savefig(os.path.join(run_dir, "curves.png"))
     plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# runs side by side: `python plots.py RUN RUN ...`
+
+# Knobs that change nothing computed (where the run is written, when it evaluates or saves, where it
+# runs, how much memory a step takes): two runs that differ only in these are the same run, so they
+# never label a line.
+NOT_LABELS = ("out_dir", "resume", "overwrite", "device", "eval_every", "save_every", "wandb", "micro_batch_size",
+              "gen_batch_size", "generation", "logprob_chunk", "gradient_checkpointing")
+RATIOS = {"s_init": "sample", "s_final": "sample", "t_init": "token", "t_final": "token"}
+OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442"]
+
+
+def _used(knob, config):
+    """Does this run's method use this keep ratio? config.json records 1 (or the 80/20 share) for a ratio
+    a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
+    import d3s  # here: `import plots` needs no torch
+    method = d3s.METHODS.get(config.get("method"))
+    if knob not in RATIOS or method is None:
+        return True
+    if method[RATIOS[knob]] == "none" or (RATIOS[knob] == "token" and "t_keep" in method):
+        return False
+    return knob.endswith("_init") or method["schedule"] != "constant"
+
+
+def _value(v):
+    return f"{v:g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (bool, type(None))) else str(v)
+
+
+def run_labels(configs, names):
+    """One label per run: "knob=value, ..." for each knob whose value differs between the runs' configs
+    (config.json dicts; None: the run has none), in config order. A run without a config.json, or whose
+    label would be empty or another run's, is named by its folder (names) as well."""
+    have = [c for c in configs if c is not None]
+    knobs = list(dict.fromkeys(k for c in have for k in c if k not in NOT_LABELS))
+    differ = [k for k in knobs if len({_value(c.get(k)) for c in have if _used(k, c)}) > 1]
+    labels = [None if c is None else ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
+              for c in configs]
+    out = []
+    for name, c, label in zip(names, configs, labels):
+        if c is None:
+            out.append(f"{name} (no config.json)")
+        elif not label or labels.count(label) > 1:
+            out.append(f"{name}: {label}" if label else name)
+        else:
+            out.append(label)
+    return out
+
+
+def _trailing_mean(ys, n):
+    """The mean of the last n values at each point (fewer at the start)."""
+    return [sum(ys[max(0, i + 1 - n):i + 1]) / (i + 1 - max(0, i + 1 - n)) for i in range(len(ys))]
+
+
+def compare_figure(runs, title, smooth=10):
+    """The comparison figure. runs: [{"label", "rows": log.jsonl rows, "history": [{step, tokens,
+    accuracy}] or None}]; smooth: the steps the solid reward line averages over."""
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.6), dpi=70)
+    (acc_step, acc_tok, reward), (kept, tokens, total) = axes
+    for i, run in enumerate(runs):
+        style = dict(color=OKABE_ITO[i % len(OKABE_ITO)], linestyle=["-", "--", ":"][i // len(OKABE_ITO) % 3])
+        rows, history = run["rows"], run["history"] or []
+        label = run["label"] + ("" if run["history"] is not None else " (no checkpoint: no held-out accuracy)")
+        steps = [r["step"] for r in rows]
+        acc_step.plot([h["step"] for h in history], [h["accuracy"] for h in history], marker="o", ms=4, label=label,
+                      **style)
+        with_tokens = [h for h in history if "tokens" in h]
+        acc_tok.plot([h["tokens"] for h in with_tokens], [h["accuracy"] for h in with_tokens], marker="o", ms=4,
+                     **style)
+        rewards = [r["reward"] for r in rows]
+        reward.plot(steps, rewards, alpha=0.25, lw=1, **style)
+        reward.plot(steps, _trailing_mean(rewards, smooth), **style)
+        kept.plot(steps, [r["kept"] / r["rollouts"] for r in rows], **style)
+        tokens.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows], **style)
+        so_far, n = [], 0
+        for r in rows:  # older logs have no tokens_trained: the running sum of the steps' tokens is the same
+            n = r.get("tokens_trained", n + r["tokens"])
+            so_far.append(n)
+        total.plot(steps, so_far, **style)
+    titles = [("held-out accuracy (greedy)", "step"), ("held-out accuracy (greedy)", "tokens trained"),
+              (f"mean reward of the rollouts\n(faint: each step; solid: mean of the last {smooth})", "step"),
+              ("rollouts kept / generated", "step"), ("tokens trained / all generated tokens", "step"),
+              ("tokens trained so far", "step")]
+    for ax, (name, xlabel) in zip(axes.flat, titles):
+        ax.set_title(name, fontsize=11)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    acc_tok.xaxis.set_major_formatter(EngFormatter(sep=""))  # 100k, not 100000
+    total.yaxis.set_major_formatter(EngFormatter(sep=""))
+    for ax in (acc_step, acc_tok, reward):
+        ax.set_ylim(0, 1)
+    for ax in (kept, tokens):
+        ax.set_ylim(0, 1.05)
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(runs), 3), fontsize=10, frameon=False)
+    fig.suptitle(title, y=0.995)
+    fig.subplots_adjust(left=0.04, right=0.99, top=0.84, bottom=0.07, wspace=0.16, hspace=0.38)
+    return fig
+
+
+def load_runs(run_dirs):
+    """[{"label", "rows", "history"}] for train.py run folders: log.jsonl's rows, the held-out evaluations
+    (None: no checkpoint yet) and the label run_labels gives. Raises ValueError (one line) for a folder
+    that is not a run."""
+    runs, configs = [], []
+    for run_dir in run_dirs:
+        if not os.path.isdir(run_dir):
+            raise ValueError(f"{run_dir} is not a folder; give train.py run folders (out/d3s-tiny ...)")
+        rows, history = read_log(run_dir), read_history(run_dir)
+        if not rows and history is None:
+            raise ValueError(f"{run_dir} has neither log.jsonl nor checkpoint/trainer.pt; is it a train.py run "
+                             f"folder?")
+        path = os.path.join(run_dir, "config.json")
+        config = None
+        if os.path.isfile(path):
+            with open(path) as f:
+                config = json.load(f)
+        runs.append({"rows": rows, "history": history})
+        configs.append(config)
+    for run, label in zip(runs, run_labels(configs, [os.path.normpath(r) for r in run_dirs])):
+        run["label"] = label
+    return runs
+
+
+def compare_runs(run_dirs, out):
+    """Write the comparison of run_dirs (train.py run folders) to `out` (PNG). -> out."""
+    runs = load_runs(run_dirs)
+    fig = compare_figure(runs, f"{', '.join(os.path.normpath(r) for r in run_dirs)}: each line labelled by what "
+                               f"differs in its config.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    # [ours] 64 colours: a picture small enough to commit (about 30 KB instead of 90), the lines unchanged to the eye
+    buffer.seek(0)
+    Image.open(buffer).convert("RGB").quantize(64).save(out, format="png", optimize=True)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -232,6 +430,7 @@ nav,.rule,.legend{margin:4px 0;font-size:13px}
 .card{border:1px solid #ddd;border-radius:6px;padding:3px 9px}
 .card b{display:block;font-size:18px}
 .card small{color:#666;font-size:12px}
+.why{font-size:13px;margin:2px 0 6px;color:#444}
 .warn{background:#fff4e0;border-left:4px solid #e69f00;padding:4px 8px;margin:6px 0}
 .legend .key{margin-right:12px;white-space:nowrap}
 .gone{color:#a8a8a8}
@@ -314,6 +513,37 @@ def _rollout_row(r, record):
             f'<td class="toks">{"".join(cells)}</td></tr>')
 
 
+def _why_kept(g, record):
+    """For a group whose A is 0 (all right or all wrong) with rollouts kept: why sample selection kept
+    them, and what they train. One <p>, or "" for any other group."""
+    kept = [r for r in g["rollouts"] if r["kept"]]
+    if g["kind"] == "mixed" or not kept:
+        return ""
+    st, sample = record["stats"], record["sample_mode"]
+    if sample == "cross":  # A = 0 rollouts are taken only once every A != 0 one is (d3s.select_samples)
+        known = isinstance(st.get("zero_var"), (int, float)) and isinstance(st.get("rollouts"), int)
+        mixed = f"the {round((1 - st['zero_var']) * st['rollouts'])}" if known else "the rollouts"
+        why = (f"sample selection, pooled over the batch, kept {_stat(st, 'kept', 'd')} of "
+               f"{_stat(st, 'rollouts', 'd')} rollouts (ρs {_stat(st, 'rho_s', '.2f')}), more than {mixed} in "
+               f"groups with mixed rewards, so it took rollouts with A = 0 too.")
+    elif sample in ("intra", "pods"):
+        why = "sample selection keeps the same number of rollouts in every group, a group with A = 0 too."
+    elif sample == "random":
+        why = "random sample selection does not look at A."
+    else:
+        why = "this method keeps every rollout."
+    trained = sum(sum(r["trained"]) for r in kept)
+    if st.get("skipped_reason"):
+        what = "This step made no update, so nothing was trained."
+    elif trained == 0:
+        what = ("A rollout with A = 0 has nothing to learn, so token selection trains none of its tokens and its "
+                "loss is 0.")
+    else:  # no token selection, or one that scores by entropy alone: such tokens are in the update
+        what = (f"A rollout with A = 0 has nothing to learn: the {trained} tokens marked trained here add 0 to the "
+                f"policy loss (only a KL term, β > 0, acts on them), yet each counts in the token mean of its update.")
+    return f'<p class="why"><b>Why {len(kept)} kept with A = 0:</b> {html.escape(why)} {html.escape(what)}</p>'
+
+
 def selection_html(record, links=()):
     """The page of one step's record, as a string: a pure function of the record. links: (label, href)
     pairs for a line of links to other steps' pages."""
@@ -368,7 +598,7 @@ def selection_html(record, links=()):
         kept = sum(r["kept"] for r in g["rollouts"])
         parts.append(f'<div class="group"><h2>Prompt {g["prompt"]} · {e(g["kind"])}: {n_right(g)} of '
                      f'{len(g["rollouts"])} right · {kept} kept · reference answer '
-                     f'<code>{e(g["answer"])}</code></h2><div class="q">{e(g["question"])}</div>'
+                     f'<code>{e(g["answer"])}</code></h2>{_why_kept(g, record)}<div class="q">{e(g["question"])}</div>'
                      '<table><tr><th>reward</th><th>A</th><th>sample</th><th>trained</th><th>tokens</th></tr>')
         parts += [_rollout_row(r, record) for r in g["rollouts"]]
         parts.append("</table></div>")
@@ -414,13 +644,45 @@ def write_selection(run_dir, record):
     return _write_top_page(run_dir, record)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad command line is one line on stderr and exit code 2, like a bad run folder."""
+
+    def error(self, message):
+        print(f"plots.py: {message} (python plots.py --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv):
+    parser = OneLineParser(
+        prog="python plots.py", description="One RUN: rebuild RUN/curves.png and RUN/selection.html (and its step "
+        "pages) from the run's files. Two or more: one picture comparing them (held-out accuracy against step and "
+        "against tokens trained, mean reward, rollouts kept / generated, tokens trained / generated), each line "
+        "labelled by what differs between the runs' config.json. Prints the paths it wrote.")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="a train.py run folder (out/d3s-tiny ...)")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="where the comparison of two or more runs is written (default out/compare.png)")
+    return parser.parse_args(argv)
+
+
 def main(argv=None):
-    """`python plots.py RUN`: rebuild RUN/curves.png and the selection pages from RUN's files."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not os.path.isdir(argv[0]):
-        print("usage: python plots.py RUN_FOLDER (a train.py run folder, with its log.jsonl)", file=sys.stderr)
+    """`python plots.py RUN`: rebuild RUN/curves.png and the selection pages from RUN's files.
+    `python plots.py RUN RUN ... [--out PATH]`: the comparison picture. -> exit code (2: bad input)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if len(args.runs) > 1:
+        try:
+            print(compare_runs(args.runs, args.out or os.path.join("out", "compare.png")))
+        except (OSError, KeyError, TypeError, ValueError) as err:  # json's and a bad row's errors too
+            print(f"plots.py: cannot compare these runs: {type(err).__name__} {err}", file=sys.stderr)
+            return 2
+        return 0
+    if args.out is not None:
+        print("plots.py: --out names the comparison of two or more runs; with one RUN plots.py rebuilds "
+              "RUN/curves.png and RUN/selection.html", file=sys.stderr)
         return 2
-    run_dir = argv[0]
+    run_dir = args.runs[0]
+    if not os.path.isdir(run_dir):
+        print(f"plots.py: {run_dir} is not a folder; give a train.py run folder (out/d3s-tiny ...)", file=sys.stderr)
+        return 2
     log = os.path.join(run_dir, "log.jsonl")
     records = []
     for path in sorted(glob.glob(os.path.join(run_dir, "selection", "step_??????.json"))):

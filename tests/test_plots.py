@@ -1,13 +1,18 @@
-"""The selection page (plots.py) on hand-made steps: it marks exactly what d3s.select_samples and
-d3s.select_tokens kept, escapes every token, says what grpo keeps, rebuilds from its JSON, and renders
-in a real headless browser."""
+"""plots.py. The selection page on hand-made steps: it marks exactly what d3s.select_samples and
+d3s.select_tokens kept, escapes every token, says what grpo keeps and why an A = 0 group has kept
+rollouts, rebuilds from its JSON, and renders in a real headless browser. curves.png's curves (a gap
+where a step made no update, each token share named by its denominator) and the comparison of runs
+(labels, curves, the command and its one-line refusals)."""
+import dataclasses
 import html.parser
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
@@ -323,6 +328,204 @@ def test_page_stays_small_for_a_real_model_step(tokenizer):
     size_json = len(json.dumps(record, separators=(",", ":")).encode())
     assert sum(len(r["tokens"]) for g in record["groups"] for r in g["rollouts"]) == 4 * 8 * 512
     assert len(page.encode()) < 500_000 and size_json < 250_000, (len(page.encode()), size_json)  # 459 KB, 189 KB
+
+def d3s_record_at(tokenizer, rho_s):
+    """The hand-made step of d3s_step's rollouts, selected by the real d3s functions at this rho_s (rho_t 0.3)."""
+    rollouts = make_rollouts(tokenizer, TEXTS, cut={15})
+    rewards = torch.tensor(REWARDS, dtype=torch.float)
+    adv = d3s.group_advantages(rewards, G)
+    idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, "cross")
+    scores = d3s.token_scores(adv_kept, rollouts.entropy[idx], "adv_entropy")
+    token_mask = d3s.select_tokens(scores, rollouts.completion_mask[idx], 0.3)
+    stats = stats_of(rollouts, rewards, adv, idx, token_mask, "d3s", rho_s, 0.3)
+    return plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx, token_mask, scores,
+                                  stats)
+
+
+def test_an_a0_group_with_kept_rollouts_says_why(tokenizer):
+    """rho_s 0.75 keeps 12 of 16 rollouts, more than the 8 of the two mixed groups: sample selection
+    takes A = 0 rollouts too, token selection trains none of their tokens, and the page says so beside
+    that group (and beside no other)."""
+    record = d3s_record_at(tokenizer, 0.75)
+    kept_a0 = {g["prompt"]: sum(r["kept"] for r in g["rollouts"]) for g in record["groups"] if g["kind"] != "mixed"}
+    assert record["stats"]["kept"] == 12 and sum(kept_a0.values()) == 4  # every A != 0 rollout, then 4 with A = 0
+    assert all(sum(r["trained"]) == 0 for g in record["groups"] if g["kind"] != "mixed" for r in g["rollouts"]
+               if r["kept"])
+    groups = plots.selection_html(record).split('<div class="group">')[1:]  # one piece per group, in order
+    for g, piece in zip(record["groups"], groups):
+        n = kept_a0.get(g["prompt"], 0)
+        assert piece.count('<p class="why">') == (n > 0), (g["prompt"], g["kind"])
+        if n:
+            assert f"Why {n} kept with A = 0:" in piece and "kept 12 of 16 rollouts (ρs 0.75), more than the 8 in " \
+                "groups with mixed rewards, so it took rollouts with A = 0 too." in piece
+            assert "token selection trains none of its tokens and its loss is 0." in piece
+            assert piece.index('<p class="why">') < piece.index('<div class="q">')  # under the group's heading
+    assert 'class="why"' not in plots.selection_html(d3s_record_at(tokenizer, 0.375))  # 6 kept: all A != 0
+
+
+def test_grpo_a0_group_says_its_tokens_add_nothing(tokenizer):
+    rollouts = make_rollouts(tokenizer, TEXTS[:8])  # a mixed and an all-right group
+    rewards = torch.tensor(REWARDS[:8], dtype=torch.float)
+    adv = d3s.group_advantages(rewards, G)
+    idx = torch.arange(8)
+    stats = stats_of(rollouts, rewards, adv, idx, rollouts.completion_mask, "grpo", 1.0, 1.0)
+    record = plots.selection_record(tokenizer, rollouts, QUESTIONS[:2], ANSWERS[:2], rewards, adv, idx,
+                                    rollouts.completion_mask, None, stats)
+    mixed, right = plots.selection_html(record).split('<div class="group">')[1:]
+    trained = int(rollouts.completion_mask[4:].sum())
+    assert 'class="why"' not in mixed
+    assert ("Why 4 kept with A = 0:</b> this method keeps every rollout. A rollout with A = 0 has nothing to learn: "
+            f"the {trained} tokens marked trained here add 0 to the policy loss") in right
+
+
+# -----------------------------------------------------------------------------
+# curves.png and the comparison of runs
+
+
+def log_row(step, **fields):
+    """A log.jsonl row with the fields the pictures read (a D3S-like step unless told otherwise)."""
+    row = dict(step=step, reward=0.5, kept=40, rollouts=128, tokens=200, valid=1000, valid_all=2500, var_adv=0.5,
+               var_kept=1.2, entropy=0.3, grad_norm=2.0, clip_frac=0.01, truncated=0.0, updates=4, no_signal=False)
+    return dict(row, **fields)
+
+
+def lines(fig):
+    """{label: (x, y)} of every labelled line of a figure."""
+    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ax in fig.axes for ln in ax.get_lines()
+            if not ln.get_label().startswith("_")}
+
+
+def same(a, b):
+    """Equal lists, NaN equal to NaN."""
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def test_curves_leave_a_gap_where_a_step_made_no_update():
+    rows = [log_row(0, grad_norm=1.5, clip_frac=0.02),
+            log_row(1, grad_norm=None, clip_frac=None, updates=0, no_signal=True),  # the log from now on: null
+            log_row(2, grad_norm=0.0, clip_frac=0.0, updates=0, no_signal=True),  # older logs: 0.0 with updates 0
+            log_row(3, grad_norm=0.0, clip_frac=0.0, updates=0),  # older still: no no_signal field
+            log_row(4, grad_norm=2.5, clip_frac=0.0)]  # a real update whose clip clipped nothing: 0 is measured
+    fig = plots.curves_figure(rows, [{"step": 0, "accuracy": 0.2}], "run")
+    got = lines(fig)
+    plt.close(fig)
+    grad = next(y for label, (x, y) in got.items() if label.startswith("gradient norm"))
+    clip = next(y for label, (x, y) in got.items() if label.startswith("clipped share"))
+    nan = math.nan
+    assert same(grad, [1.5, nan, nan, nan, 2.5]) and same(clip, [0.02, nan, nan, nan, 0.0]), (grad, clip)
+
+
+def test_curves_name_each_token_share_by_its_denominator():
+    rows = [log_row(0, tokens=200, valid=1000, valid_all=2500), log_row(1, tokens=0, valid=800, valid_all=2000)]
+    fig = plots.curves_figure(rows, [], "run")
+    got = lines(fig)
+    plt.close(fig)
+    assert got["tokens trained / kept rollouts' tokens (rho_t)"][1] == [0.2, 0.0]  # the step line's tokens k/v
+    assert got["tokens trained / all generated tokens"][1] == [0.08, 0.0]
+    assert got["rollouts kept / generated"][1] == [40 / 128] * 2
+
+
+def resolved(**knobs):
+    """config.json as train.py writes it for these knobs."""
+    import config
+    import train
+    return dataclasses.asdict(config.resolve(train.Config(**knobs)))
+
+
+def test_labels_say_what_differs_and_nothing_else():
+    d3s_run, grpo_run = resolved(out_dir="out/a"), resolved(method="grpo", out_dir="out/b", eval_every=5)
+    assert grpo_run["s_init"] == 1.0 != d3s_run["s_init"]  # config.json records the ratios grpo applies
+    assert plots.run_labels([d3s_run, grpo_run], ["a", "b"]) == ["method=d3s", "method=grpo"]
+    seed1 = resolved(seed=1, out_dir="out/c", device="cpu", micro_batch_size=8)
+    assert plots.run_labels([d3s_run, seed1], ["a", "c"]) == ["seed=0", "seed=1"]
+    half = resolved(s_init=0.5, out_dir="out/d")
+    assert plots.run_labels([d3s_run, half, grpo_run], ["a", "d", "b"]) == [
+        "method=d3s, s_init=0.25", "method=d3s, s_init=0.5", "method=grpo"]
+    assert plots.run_labels([d3s_run, resolved(method="entropy"), resolved(method="d2s")], list("abc")) == [
+        "method=d3s", "method=entropy", "method=d2s"]  # 80/20's fixed share, d2s's constant schedule: the method's
+    assert plots.run_labels([d3s_run, dict(d3s_run, out_dir="out/e", wandb="p"), None], ["a", "e", "f"]) == [
+        "a", "e", "f (no config.json)"]  # nothing computed differs: the folders name them
+
+
+def make_run(folder, config, rows, history):
+    """A run folder as train.py leaves it: config.json, log.jsonl and (history not None) checkpoint/trainer.pt."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if history is not None:
+        (folder / "checkpoint").mkdir()
+        torch.save({"version": 2, "step": rows[-1]["step"] + 1, "history": history, "tokens_trained": 0},
+                   folder / "checkpoint" / "trainer.pt")
+    return str(folder)
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    """A D3S run and a GRPO run (keeping everything), and a GRPO run stopped before its first checkpoint."""
+    d3s_rows = [log_row(s, kept=32 + s, tokens=100 + s, valid_all=2000, tokens_trained=sum(100 + i for i in
+                                                                                           range(s + 1)))
+                for s in range(4)]
+    grpo_rows = [log_row(s, kept=128, tokens=2000, valid=2000, valid_all=2000, reward=0.25 * s) for s in range(4)]
+    d3s_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2}, {"step": 4, "tokens": 406, "accuracy": 0.5}]
+    grpo_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2}, {"step": 4, "tokens": 8000, "accuracy": 0.4}]
+    return (make_run(tmp_path / "d3s", resolved(out_dir="out/d3s"), d3s_rows, d3s_hist),
+            make_run(tmp_path / "grpo", resolved(method="grpo", out_dir="out/grpo"), grpo_rows, grpo_hist),
+            make_run(tmp_path / "grpo1", resolved(method="grpo", seed=1), grpo_rows[:2], None))
+
+
+def test_compare_draws_each_run_from_its_folder(two_runs):
+    runs = plots.load_runs(two_runs)
+    assert [r["label"] for r in runs] == ["method=d3s, seed=0", "method=grpo, seed=0", "method=grpo, seed=1"]
+    assert runs[2]["history"] is None and len(runs[2]["rows"]) == 2
+    fig = plots.compare_figure(runs, "t", smooth=2)
+    acc_step, acc_tok, reward, kept, tokens, total = fig.axes
+    plt.close(fig)
+    assert [ln.get_label() for ln in acc_step.get_lines()] == [
+        "method=d3s, seed=0", "method=grpo, seed=0", "method=grpo, seed=1 (no checkpoint: no held-out accuracy)"]
+    xy = lambda ax, i: (list(ax.get_lines()[i].get_xdata()), list(ax.get_lines()[i].get_ydata()))  # noqa: E731
+    assert xy(acc_step, 0) == ([0, 4], [0.2, 0.5]) and xy(acc_step, 2) == ([], [])
+    assert xy(acc_tok, 0) == ([0, 406], [0.2, 0.5]) and xy(acc_tok, 1) == ([0, 8000], [0.2, 0.4])
+    assert xy(reward, 2) == ([0, 1, 2, 3], [0.0, 0.25, 0.5, 0.75])  # each step, faint
+    assert xy(reward, 3) == ([0, 1, 2, 3], [0.0, 0.125, 0.375, 0.625])  # the mean of the last 2
+    assert xy(kept, 0)[1] == [(32 + s) / 128 for s in range(4)] and xy(kept, 1)[1] == [1.0] * 4
+    assert xy(tokens, 0)[1] == [(100 + s) / 2000 for s in range(4)] and xy(tokens, 1)[1] == [1.0] * 4
+    assert xy(total, 0)[1] == [100, 201, 303, 406]  # tokens_trained as logged
+    assert xy(total, 1)[1] == [2000, 4000, 6000, 8000]  # a log without it: the running sum of the steps' tokens
+
+
+def test_compare_command_writes_one_picture(two_runs, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "pictures" / "cmp.png"
+    assert plots.main([*two_runs, "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"{out}\n" and 5_000 < out.stat().st_size < 60_000  # 64 colours
+    monkeypatch.chdir(tmp_path)
+    assert plots.main(list(two_runs[:2])) == 0  # the default: out/compare.png
+    assert capsys.readouterr().out == "out/compare.png\n" and (tmp_path / "out" / "compare.png").is_file()
+
+
+def test_compare_refuses_what_is_not_a_run_in_one_line(two_runs, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    torn = tmp_path / "torn"
+    (torn / "checkpoint").mkdir(parents=True)
+    (torn / "checkpoint" / "trainer.pt").write_bytes(b"PK\x03\x04 cut short")
+    bad_row = tmp_path / "bad_row"
+    bad_row.mkdir()
+    (bad_row / "log.jsonl").write_text('{"step": 0}\n')
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "log.jsonl").write_text(json.dumps(log_row(0)) + '\n{"step": 1, "rew')
+    for folder, says in [("missing", "is not a folder"), ("empty", "has neither log.jsonl nor checkpoint"),
+                         ("torn", "trainer.pt cannot be read"), ("bad_row", "KeyError"),
+                         ("cut", "log.jsonl, line 2, is not JSON")]:
+        assert plots.main([two_runs[0], str(tmp_path / folder)]) == 2, folder
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert captured.out == "" and len(err) == 1 and says in err[0], (folder, err)
+    assert plots.main([two_runs[0], "--out", str(tmp_path / "x.png")]) == 2  # --out is for two or more runs
+    assert "two or more runs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        plots.main(["--out"])
+    assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
 
 # -----------------------------------------------------------------------------
 # the page as a person sees it: a real headless browser
