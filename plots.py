@@ -21,7 +21,8 @@ The comparison (compare_runs, compare_figure, run_labels): held-out accuracy aga
 against the tokens trained, the mean reward, the share of rollouts kept and of generated tokens
 trained, and the tokens trained so far, one line per run. Each line is labelled by the knobs of its
 config.json that differ between the runs ("method=grpo" / "method=d3s"), leaving out the knobs that
-change nothing computed (NOT_LABELS) and keep ratios a method does not use. The held-out accuracy
+change nothing computed (config.UNNAMED: out_dir, device, eval_every, micro_batch_size ...) and
+keep ratios a method does not use. The held-out accuracy
 comes from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is
 drawn from its log.jsonl alone and its label says so.
 
@@ -133,11 +134,6 @@ def plot_run(run_dir, history=None):
 # -----------------------------------------------------------------------------
 # runs side by side: `python plots.py RUN RUN ...`
 
-# Knobs that change nothing computed (where the run is written, when it evaluates or saves, where it
-# runs, how much memory a step takes): two runs that differ only in these are the same run, so they
-# never label a line.
-NOT_LABELS = ("out_dir", "resume", "overwrite", "device", "eval_every", "save_every", "wandb", "micro_batch_size",
-              "gen_batch_size", "generation", "logprob_chunk", "gradient_checkpointing")
 RATIOS = {"s_init": "sample", "s_final": "sample", "t_init": "token", "t_final": "token"}
 OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442"]
 
@@ -162,8 +158,13 @@ def run_labels(configs, names):
     """One label per run: "knob=value, ..." for each knob whose value differs between the runs' configs
     (config.json dicts; None: the run has none), in config order. A run without a config.json, or whose
     label would be empty or another run's, is named by its folder (names) as well."""
+    import config  # here: `import plots` needs no torch
+    # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed (where
+    # the run is written, when it reports, where it runs, how it fits in memory), and the method and model,
+    # which do change it: two runs that differ only in the others are the same run, so they label nothing
+    unlabelled = set(config.UNNAMED) - {"method", "model"}
     have = [c for c in configs if c is not None]
-    knobs = list(dict.fromkeys(k for c in have for k in c if k not in NOT_LABELS))
+    knobs = list(dict.fromkeys(k for c in have for k in c if k not in unlabelled))
     differ = [k for k in knobs if len({_value(c.get(k)) for c in have if _used(k, c)}) > 1]
     labels = [None if c is None else ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
               for c in configs]
