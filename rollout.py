@@ -300,8 +300,7 @@ class Sampler(LogitsProcessor):
             t, row = min(bad)
             raise NonFiniteLogits(
                 f"the model produced NaN or inf logits while sampling (in {len(bad)} of {len(first)} rows; "
-                f"first at decode position {t} of row {row}): its weights have probably diverged; restart "
-                f"from an earlier checkpoint with a lower --lr")
+                f"first at decode position {t} of row {row}): its weights have probably diverged")
 
 
 CACHES = ("prefix", "plain", "static")

@@ -231,7 +231,8 @@ def train(cfg, log=print, given=None):
                 f"{run_dir}")
             raise KeyboardInterrupt(signals.received or 2) from None  # 2: SIGINT, for the exit code
         except NonFiniteLogits as e:  # no checkpoint: these weights are what went wrong
-            raise config.Stop(f"step {step}: {e}") from None
+            raise config.Stop(f"step {step}: {e}; no checkpoint saved; start a new run with a lower --lr (from "
+                              f"--model {run_dir}/checkpoint if its weights are still sound)") from None
         except torch.OutOfMemoryError:
             oom = True  # handled below, once the exception's frames (and their tensors) are released
     if oom:

@@ -101,6 +101,101 @@ def test_a_hard_crash_after_a_periodic_save_logs_each_step_once(tmp_path, tiny_d
     assert cut == [2]  # what the crashed run had logged past its checkpoint, kept aside
 
 
+def test_a_signal_during_the_final_evaluation_is_recorded_on_resume(tmp_path, tiny_dir, monkeypatch, uninterrupted):
+    """The last evaluation cut short: the resumed run redoes it and saves it, so trainer.pt's history has the
+    final point, and a second --resume has nothing left to do."""
+    got, stopped_at, run_dir = stop_and_resume(tmp_path, tiny_dir, monkeypatch, "held_out", 4)  # step 3 of 3
+    assert stopped_at == 3
+    same_run(got, uninterrupted)
+    lines = []
+    train.train(train.Config(resume=str(run_dir)), log=lines.append)
+    assert not any(line.startswith("eval step") for line in lines)  # recorded: not evaluated again
+
+
+def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch):
+    """A second SIGTERM while the first waits for the batch quits without saving, with SIGTERM's 143."""
+    real = train.optimizer_step
+
+    def twice(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(train, "optimizer_step", twice)
+    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run"), "--steps", "2", "--prompts_per_step", "4",
+            "--group_size", "4", "--eval_size", "2", "--updates_per_batch", "2"]
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv)
+    assert e.value.code == 143 and not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_out_of_memory_saves_what_it_can_and_resumes_with_less_memory(tmp_path, tiny_dir, monkeypatch, capsys,
+                                                                       uninterrupted):
+    """An out-of-memory stop before any weight of its batch moved saves the steps applied and names the
+    knobs to lower and the resume command; the resume takes a smaller micro-batch, records the change, and
+    computes the same run (micro-batches change only the float rounding)."""
+    real, calls = train.backward, []
+
+    def oom_at_step_1(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:  # step 1's first mini-batch (step 0 had two)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(*a, **k)
+    monkeypatch.setattr(train, "backward", oom_at_step_1)
+    run_dir = tmp_path / "oom"
+    argv = ["--model", tiny_dir, "--out_dir", str(run_dir)] + [f"--{k}={v}" for k, v in KW.items()]
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0] == (f"error: out of memory at step 1; the checkpoint holds the steps before 1; continue with less "
+                      f"memory per pass: python train.py --resume {run_dir} --micro_batch_size 64 (or --gen_batch_size "
+                      f"8, --logprob_chunk 2048, --gradient_checkpointing true; docs/speed.md has settings by GPU "
+                      f"memory)")
+    monkeypatch.undo()
+    config.main(train.Config, train.train, ["--resume", str(run_dir), "--micro_batch_size", "1",
+                                            "--gradient_checkpointing", "true"])
+    assert json.loads((run_dir / "resumes.jsonl").read_text()) == {
+        "step": 1, "changed": {"gradient_checkpointing": [False, True], "micro_batch_size": [128, 1]}}
+    assert json.load(open(run_dir / "config.json"))["micro_batch_size"] == 1
+    (rows_a, hist_a, w_a), (rows_b, hist_b, w_b) = trained(run_dir), uninterrupted
+    assert [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_a] == \
+           [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_b]
+    assert all(torch.allclose(w_a[k], w_b[k], atol=1e-5) for k in w_a)
+
+
+def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_path, tiny_dir, monkeypatch, capsys):
+    real, calls = train.optimizer_step, []
+
+    def oom_in_the_second_update(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(*a, **k)
+    monkeypatch.setattr(train, "optimizer_step", oom_in_the_second_update)
+    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run")] + [f"--{k}={v}" for k, v in KW.items()]
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and err.startswith("error: out of memory at step 0, before any checkpoint; start again")
+    assert not (tmp_path / "run" / "checkpoint").exists()  # half a batch is never saved
+
+
+def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_dir, monkeypatch):
+    """trainer.pt written with every tensor tagged as CUDA memory (as a GPU run saves its AdamW state):
+    without map_location torch.load refuses it on a machine without a GPU; --resume continues."""
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        with pytest.raises(KeyboardInterrupt):
+            train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "gpu"), **KW), log=stop_after_step_0)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(tmp_path / "gpu" / "checkpoint" / "trainer.pt", weights_only=False)
+    train.train(train.Config(resume=str(tmp_path / "gpu"), device="cpu"), log=lambda *a: None)
+    assert torch.load(tmp_path / "gpu" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == KW["steps"]
+
+
 def test_trim_log_keeps_the_checkpoints_steps(tmp_path):
     lines = [json.dumps({"step": s}) + "\n" for s in range(5)] + ['{"step": 5, "rew']  # cut off mid-line
     (tmp_path / "log.jsonl").write_text("".join(lines))

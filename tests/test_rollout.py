@@ -746,5 +746,5 @@ def test_nonfinite_logits_are_an_error(tok, model):
     assert "\n" not in message and isinstance(e.value, RuntimeError)
     assert message.startswith("the model produced NaN or inf logits while sampling (in 4 of 4 rows; first at "
                               "decode position 0 of row 0)")
-    assert "diverged" in message and "earlier checkpoint with a lower --lr" in message
+    assert message.endswith("its weights have probably diverged")  # what to do: the caller says (train.py)
     assert model.training and model.generation_config is config and not model.get_decoder().rotary_emb._forward_hooks

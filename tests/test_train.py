@@ -4,7 +4,9 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
+import shutil
 import sys
 
 import pytest
@@ -298,3 +300,145 @@ def test_one_step_of_signal_among_skipped_ones(tmp_path, tiny_dir, one_step_of_s
     assert [r["updates"] for r in rows(tmp_path / "kl3")] == [2, 2, 2]
     a, b = weights(tmp_path / "kl3" / "checkpoint"), weights(tmp_path / "kl1" / "checkpoint")
     assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+# ----------------------------------------------------------------------------- a second run, a checkpoint's world
+
+
+def test_a_second_run_never_destroys_the_first_and_a_checkpoint_keeps_its_world(tmp_path, tiny_dir, capsys,
+                                                                                  monkeypatch):
+    """`python train.py` then `python train.py --seed 1`: two folders, both intact. The first command again
+    refuses its folder (one line naming --resume and --overwrite) and leaves it as it was; --overwrite true
+    replaces it. The first run's checkpoint, passed as --model, continues in the tiny world with its values."""
+    monkeypatch.chdir(tmp_path)  # the default run folders are under out/
+    small = ["--model", tiny_dir, "--steps", "1", "--prompts_per_step", "2", "--group_size", "2", "--eval_size", "2"]
+    config.main(train.Config, train.train, small)
+    config.main(train.Config, train.train, small + ["--seed", "1"])
+    first = tmp_path / "out" / "d3s-tiny-steps=1-prompts_per_step=2-group_size=2-eval_size=2"
+    second = tmp_path / "out" / "d3s-tiny-steps=1-prompts_per_step=2-group_size=2-eval_size=2-seed=1"
+    assert [json.load(open(d / "config.json"))["seed"] for d in (first, second)] == [0, 1]
+    saved = (first / "checkpoint" / "model.safetensors").read_bytes()
+    err = exit_2(small, capsys)
+    assert "holds another run" in err and f"--resume {os.path.join('out', first.name)}" in err
+    assert "--overwrite true" in err and (first / "checkpoint" / "model.safetensors").read_bytes() == saved
+    config.main(train.Config, train.train, small + ["--overwrite", "true", "--max_new_tokens", "8"])  # another name
+    config.main(train.Config, train.train, small + ["--overwrite", "true"])
+    assert len(rows(first)) == 1 and (second / "checkpoint" / "trainer.pt").is_file()
+    # the checkpoint knows its world: the tiny values, the tiny data set, and the run says so
+    ckpt = str(first / "checkpoint")
+    assert tiny.world_of(ckpt) == "tiny"
+    picked = config.resolve(train.Config(model=ckpt), given={"model"})
+    assert (picked.lr, picked.dataset, picked.max_new_tokens, picked.micro_batch_size) == (5e-5, "tiny", 32, 128)
+    _, lines, _ = run(tmp_path, "from-checkpoint", ckpt, steps=1, prompts_per_step=2, group_size=2, eval_size=2)
+    assert "the tiny world's values" in lines[0]
+
+
+# ----------------------------------------------------------------------------- the exact corners
+
+
+def dropout_model(path, tiny_dir):
+    """The tiny world's model with attention dropout 0.1 in its config."""
+    model, tok = train.load_model(tiny_dir, device="cpu", dtype="float32")
+    model.config.attention_dropout = 0.1
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    shutil.copy(os.path.join(tiny_dir, "tiny.json"), path)  # still the tiny world
+    return str(path)
+
+
+def test_dropout_is_off_so_one_seed_gives_one_run(tmp_path, tiny_dir):
+    """A model whose config has dropout: two runs with one seed are the same run, and the first mini-batch's
+    ratio is exactly 1 (with dropout on, two forwards of the same weights differ)."""
+    model = dropout_model(tmp_path / "dropout", tiny_dir)
+    kw = dict(steps=2, updates_per_batch=2, eval_every=0)
+    runs = [run(tmp_path, name, model, **kw)[2] for name in ("a", "b")]
+    a, b = rows(runs[0]), rows(runs[1])
+    assert a == [dict(r, t_gen=x["t_gen"], t_upd=x["t_upd"], t_fb=x["t_fb"]) for r, x in zip(b, a)]
+    assert all(r["ratio_first"] == [1.0, 1.0] and r["clip_first"] == 0.0 for r in a if not r["no_signal"])
+    wa, wb = weights(runs[0] / "checkpoint"), weights(runs[1] / "checkpoint")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert json.load(open(runs[0] / "checkpoint" / "config.json"))["attention_dropout"] == 0.0  # as trained
+
+
+def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir):
+    """After a real step AdamW's moments are nonzero, so a step on an exactly-zero gradient (every token
+    with a gradient clipped) would still move the weights: it is not taken, and not counted."""
+    model, _ = train.load_model(tiny_dir, device="cpu", dtype="float32")
+    cfg = config.resolve(train.Config(model="tiny"))
+    optimizer = train.make_optimizer(model, cfg)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    assert train.optimizer_step(model, optimizer, 1.0, 0.5)["applied"]
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    out = train.optimizer_step(model, optimizer, 1.0, 0.0)
+    assert (out["applied"], out["zero_grad"], out["grad_norm"]) == (False, 1, 0.0)
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    params[0].grad = torch.full_like(params[0], math.nan)
+    out = train.optimizer_step(model, optimizer, 1.0, 0.3)
+    assert (out["applied"], out["nonfinite"]) == (False, 1) and all(torch.equal(p, q) for p, q in zip(params, before))
+    # the log counts only the applied update's tokens; the skipped step's gradient norm is a gap, not 0
+    from logs import step_record
+    from rollout import Rollouts
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    ro = Rollouts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 3,
+                  dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
+                  ["", ""], torch.zeros(2, 3))
+    stats = dict(loss=0.1, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0)
+    updates = [{**stats, "tokens": 4, "on_policy": True, "grad_norm": 2.0, "applied": True, "nonfinite": 0,
+                "zero_grad": 0},
+               {**stats, "tokens": 2, "on_policy": False, "grad_norm": 0.0, "applied": False, "nonfinite": 0,
+                "zero_grad": 1},
+               {**stats, "tokens": 3, "on_policy": False, "grad_norm": math.inf, "applied": False, "nonfinite": 1,
+                "zero_grad": 0}]
+    args = (0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
+            {"no_answer": 0})
+    row = step_record(*args, updates)
+    assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
+    from logs import step_line
+    line = step_line(dict(row, t_gen=0, t_upd=0, kept=4), 4)  # 4 mini-batches: one had nothing to learn
+    assert "updates 1/4 (1 no signal, 1 zero grad, 1 non-finite)" in line
+    skipped = step_record(*args, [])
+    assert skipped["grad_norm"] is None and skipped["no_signal"] and skipped["ratio_first"] is None
+
+
+def cpu_bf16(device, dtype):
+    """What --dtype auto does on a bf16 GPU, on the CPU: forward passes under bf16 autocast."""
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("loss, dtype, generation", [("grpo", "auto", "prefix"), ("gspo", "auto", "static"),
+                                                      ("grpo", "bfloat16", "plain")])
+def test_the_gpu_paths_run_on_the_cpu_and_the_first_ratio_is_exactly_1(tmp_path, tiny_dir, monkeypatch, loss, dtype,
+                                                                       generation):
+    """bf16 autocast (what a GPU runs), bf16 weights and every cache, on the CPU: a run's first mini-batch
+    has ratio exactly 1 and nothing clipped, also under GSPO's 3e-4 clip, though under bf16 a forward's
+    numbers change with the batch's shape; every update is finite."""
+    if dtype == "auto":
+        monkeypatch.setattr(train, "autocast", cpu_bf16)
+    _, lines, run_dir = run(tmp_path, "gpu", tiny_dir, steps=2, updates_per_batch=2, loss=loss, dtype=dtype,
+                            generation=generation, eval_every=0, lr=5e-5)
+    log = rows(run_dir)
+    trained = [r for r in log if not r["no_signal"]]
+    assert trained and all(r["ratio_first"] == [1.0, 1.0] and r["clip_first"] == 0.0 for r in trained), trained
+    assert all(r["nonfinite"] == 0 and math.isfinite(r["loss"]) for r in log)
+
+
+def test_nan_logits_stop_the_run_naming_the_step(tmp_path, tiny_dir, capsys):
+    """A model whose logits are NaN: one line, exit 1, naming the step, instead of training on made-up tokens."""
+    model, tok = train.load_model(tiny_dir, device="cpu", dtype="float32")
+    with torch.no_grad():
+        model.model.norm.weight.fill_(math.nan)
+    model.save_pretrained(tmp_path / "nan")
+    tok.save_pretrained(tmp_path / "nan")
+    shutil.copy(os.path.join(tiny_dir, "tiny.json"), tmp_path / "nan")  # still the tiny world
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, ["--model", str(tmp_path / "nan"), "--out_dir", str(tmp_path / "run"),
+                                                "--steps", "2", "--prompts_per_step", "2", "--group_size", "2",
+                                                "--eval_size", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: step 0: the model produced NaN or inf logits") and "--lr" in err[0]
+    assert not (tmp_path / "run" / "log.jsonl").exists()  # no step was logged, no checkpoint saved
