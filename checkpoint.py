@@ -1,28 +1,32 @@
 """
-Nothing lost on any crash: crash-safe checkpoints, exact resume, and Ctrl-C / SIGTERM.
+Nothing lost on any crash: crash-safe checkpoints, exact resume, Ctrl-C / SIGTERM, a second run's folder.
 
-    checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained)
+    checkpoint.check_fresh(run_dir, overwrite)          # a new run refuses a folder that holds another run
+    checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
     cfg, given, state = checkpoint.resume(cfg, given)   # --resume RUN: its saved config and trainer state
     with checkpoint.Signals() as signals: ...           # a signal ends the run with a checkpoint
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
 trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
-of trained tokens. There is no random state in it: every random number of step s (the samples, the
-`random` control, the mini-batch shuffle) is drawn from seeds derived from (--seed, s) (train.py), so a
-resumed step s draws exactly what the uninterrupted one drew, whatever moment the run stopped at.
+of trained tokens (and tiny.json for a tiny-world run: its world). There is no random state in it:
+every random number of step s (the samples, the `random` control, the mini-batch shuffle) is drawn
+from seeds derived from (--seed, s) (train.py), so a resumed step s draws exactly what the
+uninterrupted one drew, whatever moment the run stopped at (bit for bit on a CPU in float32).
 
-The windows a run can stop in, and what resuming does about each:
+The windows a run can stop in, and what resuming does about each (docs/checkpoints.md has the table):
   - between or inside steps (a signal): the checkpoint holds the steps fully applied; an unfinished
     step is replayed. Once a step's first optimizer update has run, a signal waits for the end of
-    its batch (Signals.hold), so a checkpoint never holds half a batch.
-  - during a held-out evaluation: the checkpoint says which evaluations were recorded; train.py redoes
-    one that was due and is missing.
-  - a hard crash (out of memory, SIGKILL, power) after a periodic save: log.jsonl may hold steps the
-    checkpoint does not; resume cuts it back to the checkpoint's step, keeping what it cut in
-    log.jsonl.cut, so the log holds each step once.
-  - during the save itself: written to checkpoint.tmp (trainer.pt last), flushed to disk, swapped in
-    through checkpoint.old; finish_swap completes a swap that a crash cut short. One complete
-    checkpoint exists at every instant, also across a power cut.
+    its batch (Signals.hold), so a checkpoint never holds half a batch; a second signal quits at once.
+  - during a held-out evaluation, the final one included: the checkpoint says which evaluations were
+    recorded; train.py redoes one that was due and is missing, and saves it.
+  - out of memory: train.py saves the steps applied when no weight of the batch moved yet, and names
+    the knobs to lower on resume (out_of_memory); resume accepts them (RESUME_SAFE).
+  - a hard crash (SIGKILL, power) after a periodic save: log.jsonl may hold steps the checkpoint does
+    not; resume cuts it back to the checkpoint's step, keeping what it cut in log.jsonl.cut, so the
+    log holds each step once.
+  - during the save itself: written to checkpoint.tmp, flushed to disk, and only then marked complete
+    (trainer.pt), then swapped in through checkpoint.old; finish_swap completes a swap that a crash cut
+    short. One complete checkpoint exists at every instant, also across a power cut.
 """
 import dataclasses
 import json
