@@ -36,9 +36,10 @@ point, goes to the smaller K, then the smaller lr]. Tune on seeds that are not r
 
 Finished runs are kept. A run that finished leaves DIR/runs/<run>/result.json with its resolved
 config; the same command again reuses it instead of training (a failed or interrupted run is run
-again from the start). A finished run whose config differs from the one asked for is an error that
-names the differences (use another --out, or delete the folder): an old result never silently
-stands for a new config. (The code is not compared: after changing train.py, use a new --out.)
+again from the start, in its own folder: bench passes train.py overwrite=True). A finished run
+whose config differs from the one asked for is an error that names the differences (use another
+--out, or delete the folder): an old result never silently stands for a new config. (The code is
+not compared: after changing train.py, use a new --out.)
 
 --jobs J runs J runs at once in separate processes, each with cores // J torch threads (--threads
 overrides it; 1 is much faster on a machine whose cores are busy).
@@ -71,6 +72,10 @@ Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n),
                    in the steps before "steps to GRPO", mean over seeds
   rollouts, tokens what the loss was computed on (kept rollouts / kept tokens summed over the run),
                    mean over seeds, and as a share of GRPO's
+  zero-var %       the share of the rollout batch's groups whose rewards are all equal (all right or all
+                   wrong: every advantage 0, nothing to learn), log.jsonl's zero_var, averaged over the
+                   run's steps; mean ± interval over seeds. It depends on the policy, so on the method:
+                   a method that learns faster leaves fewer all-wrong groups (and more all-right ones)
   gen s, upd s     seconds per step: generating the rollouts, and everything after (reward to update)
   total s          the wall time of the method's runs, added up (runs share the cores: compare loosely)
 A run that raises is listed as failed with its one-line error; the other runs go on.
@@ -104,7 +109,8 @@ from data import load_problems
 from model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
-STEP_FIELDS = ("step", "reward", "kept", "rollouts", "tokens", "valid", "grad_norm", "t_gen", "t_upd", "nonfinite")
+STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "valid", "grad_norm", "t_gen", "t_upd",
+               "nonfinite")
 # train.Config fields bench passes on when given on the command line (the rest: train.py's defaults).
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int, "group_size": int,
                 "max_new_tokens": int, "micro_batch_size": int, "updates_per_batch": int, "loss": str,
@@ -306,6 +312,9 @@ def aggregate(results, keys):
             final=pct(mean_ci([r["history"][-1]["accuracy"] for r in runs])),
             auc=pct(mean_ci([auc(r["history"]) for r in runs])),
             rollouts=round(statistics.mean(sum(s["kept"] for s in r["steps"]) for r in runs)),
+            # runs of before the column have no zero_var: "-"
+            zero_var=(pct(mean_ci([statistics.mean(s["zero_var"] for s in r["steps"]) for r in runs]))
+                      if all("zero_var" in s for r in runs for s in r["steps"]) else None),
             tokens=round(statistics.mean(sum(s["tokens"] for s in r["steps"]) for r in runs)),
             t_gen=round(statistics.mean(s["t_gen"] for r in runs for s in r["steps"]), 2),
             t_upd=round(statistics.mean(s["t_upd"] for r in runs for s in r["steps"]), 2),
@@ -359,13 +368,13 @@ def format_table(rows):
         return text
 
     lines = ["| method | lr | K | final acc % | Δ final | AUC % | Δ AUC | steps to GRPO | s to GRPO (gen+upd) "
-             "| rollouts trained | tokens trained | gen s/step | upd s/step | total s | runs |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| rollouts trained | tokens trained | zero-var % | gen s/step | upd s/step | total s | runs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         status = f"{r['runs']}/{r['runs'] + len(r['failed'])}" + "".join(f"; failed {f}" for f in r["failed"])
         if not r["runs"]:
             lines.append(f"| {r['method']} | {r['lr']:g} | {r['updates_per_batch']} | failed "
-                         f"| - | - | - | - | - | - | - | - | - | {r['wall']} | {status} |")
+                         f"| - | - | - | - | - | - | - | - | - | - | {r['wall']} | {status} |")
             continue
         s = r["s_to_grpo"]
         seconds = "-" if s is None else f"{s[0] + s[1]:.0f} ({s[0]:.0f}+{s[1]:.0f})"
@@ -373,7 +382,8 @@ def format_table(rows):
             f"| {r['method']} | {r['lr']:g} | {r['updates_per_batch']} | {pm(r['final'])} | {pm(r['final_diff'], '+')} "
             f"| {pm(r['auc'])} "
             f"| {pm(r['auc_diff'], '+')} | {steps(r)} | {seconds} | {share(r['rollouts'], r['rollouts_pct'])} "
-            f"| {share(r['tokens'], r['tokens_pct'])} | {r['t_gen']:.2f} | {r['t_upd']:.2f} | {r['wall']} | {status} |")
+            f"| {share(r['tokens'], r['tokens_pct'])} | {pm(r['zero_var'])} | {r['t_gen']:.2f} | {r['t_upd']:.2f} "
+            f"| {r['wall']} | {status} |")
     return "\n".join(lines)
 
 
@@ -512,8 +522,9 @@ def configs(args):
     knobs.pop("updates_per_batch", None)  # in the settings
     if args.device is not None:
         knobs["device"] = args.device
-    # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log
-    knobs.update(model=args.model, save_every=0)
+    # only the final checkpoint (deleted by run_one); no step lines on the terminal, they go to train.log.
+    # overwrite: a run that did not finish left its log in its folder; it is run again there from the start
+    knobs.update(model=args.model, save_every=0, overwrite=True)
     if knobs.get("eval_size") == "all":  # the whole test split of the world's held-out data set
         knobs.pop("eval_size")
         first = config.resolve(train.Config(**knobs), given=knobs)

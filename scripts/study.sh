@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The study of docs/study.md: does D3S learn faster per rollout batch than GRPO? Every command, in order.
 #
-#   bash scripts/study.sh tune     # learning rates (and K) on tuning seeds 100-101: about 70 minutes
-#   bash scripts/study.sh run      # the study itself on seeds 0-7: about 100 minutes
+#   bash scripts/study.sh tune       # learning rates (and K) on tuning seeds 100-101: about 70 minutes
+#   bash scripts/study.sh run        # the study itself on seeds 0-7: about 100 minutes
+#   bash scripts/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K on seeds 100-101
+#   bash scripts/study.sh weak       # tiny-weak: the study on seeds 0-7 and GRPO's 100-step check
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 C="--eval_size all --eval_every 10 --jobs 2 --threads 1"   # the whole test split, every 10 steps
 SIX=grpo,d3s,d2s,d1s-cross,entropy,pods
 SGD="--optimizer sgd --grad_clip 0"   # momentum 0.9 (train.py); no clip: D3S's larger gradient norm reaches the step
+WEAK="--model tiny-weak --steps 60 $C"  # the world where most groups start all wrong (tiny.py)
 
 case "${1:-}" in
 tune)
@@ -42,8 +45,29 @@ run)
   python bench.py --model tiny-long --methods grpo,d3s,d2s --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 \
       --steps 40 $C --out out/study/long-adamw
   ;;
+weak-tune)
+  # F: K and lr together for GRPO and D3S on seeds 100-101 ...
+  python bench.py $WEAK --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --updates_grid 1,2,4 --seeds 2 \
+      --seed_start 100 --out out/study/tune-weak-k
+  # ... then the two halves of D3S, each lr from the same grid at D3S's K [a shortcut: their K is not tuned]
+  K=$(python -c 'import json; print(json.load(open("out/study/tune-weak-k/tuned.json"))["updates_per_batch"]["d3s"])')
+  python bench.py $WEAK --methods d1s-cross,entropy --lr_grid 5e-5,1e-4,2e-4 --updates_per_batch "$K" --seeds 2 \
+      --seed_start 100 --out out/study/tune-weak-parts
+  # one tuned.json for the four methods, what --tuned reads
+  python -c 'import json
+a, b = (json.load(open(f"out/study/{d}/tuned.json")) for d in ("tune-weak-k", "tune-weak-parts"))
+json.dump({k: {**a[k], **b[k]} for k in ("lr", "updates_per_batch", "auc")}, open("out/study/tune-weak.json", "w"))'
+  ;;
+weak)
+  # F: tiny-weak, AdamW, each method at its tuned lr and K, 8 reported seeds
+  python bench.py $WEAK --methods grpo,d3s,d1s-cross,entropy --tuned out/study/tune-weak.json --seeds 8 \
+      --out out/study/weak
+  # the world's check: GRPO at its tuned lr and K, 100 steps, 3 seeds (the same seeds 0-2 as F's first three)
+  python bench.py --model tiny-weak --methods grpo --tuned out/study/tune-weak.json --seeds 3 --steps 100 $C \
+      --out out/study/weak-grpo-100
+  ;;
 *)
-  echo "usage: bash scripts/study.sh tune|run" >&2
+  echo "usage: bash scripts/study.sh tune|run|weak-tune|weak" >&2
   exit 2
   ;;
 esac

@@ -31,9 +31,10 @@ def table_rows(text):
     return rows
 
 
-def fake_steps(steps, kept, tokens, t_gen, t_upd):
-    return [{"step": i, "reward": 0.5, "kept": kept, "rollouts": 128, "tokens": tokens, "valid": 2 * tokens,
-             "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "nonfinite": 0} for i in range(steps)]
+def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5):
+    return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128, "tokens": tokens,
+             "valid": 2 * tokens, "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "nonfinite": 0}
+            for i in range(steps)]
 
 
 def fake_folders(args, accs, per_step, tmp_path):
@@ -112,8 +113,10 @@ ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, K, seed)
     ("d2s", 1e-4, 1, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 2): [0.2, 0.3, 0.4],
 }
 PER_STEP = {  # 20 steps each; grpo keeps all 128 rollouts and 1000 tokens a step
-    "grpo": lambda seed: fake_steps(20, kept=128, tokens=1000, t_gen=1.0 + 0.1 * seed, t_upd=0.5),
-    "d3s": lambda seed: fake_steps(20, kept=64, tokens=150, t_gen=1.0, t_upd=0.3),
+    "grpo": lambda seed: fake_steps(20, kept=128, tokens=1000, t_gen=1.0 + 0.1 * seed, t_upd=0.5,
+                                    zero_var=lambda i: 0.25 * (1 + seed)),   # zero-var .25 .5 .75 by seed
+    "d3s": lambda seed: fake_steps(20, kept=64, tokens=150, t_gen=1.0, t_upd=0.3,
+                                   zero_var=lambda i: 0.5 * (i % 2)),        # .5 on odd steps: .25 for each seed
     "d2s": lambda seed: fake_steps(20, kept=32, tokens=50, t_gen=1.0, t_upd=0.2),
 }
 
@@ -141,6 +144,9 @@ def test_study_table_by_hand(no_training, capsys):
     assert d3s["s_to_grpo"] == [10.0, 3.0]     # steps 0..9: 10 * 1.0 s generating, 10 * 0.3 s updating
     assert (d3s["rollouts"], d3s["rollouts_pct"], d3s["tokens"], d3s["tokens_pct"]) == (1280, 50.0, 3000, 15.0)
     assert (grpo["t_gen"], d3s["t_upd"]) == (1.1, 0.3)
+    # the zero-variance share, a run's mean over its steps: grpo .25 .5 .75 (sd .25), d3s .25 every seed
+    assert grpo["zero_var"] == [50.0, round(100 * t2 * 0.25 / math.sqrt(3), 1)] == [50.0, 62.1]
+    assert d3s["zero_var"] == [25.0, 0.0] and d2s["zero_var"] == [50.0, 0.0]
     # d2s: .2 .3 .4 for every seed: never reaches .6, in no resample
     assert d2s["final"] == [40.0, 0.0] and d2s["auc"] == [30.0, 0.0]
     assert d2s["final_diff"] == [-20.0, 24.8] and d2s["auc_diff"] == [-10.0, 16.4]
@@ -154,6 +160,7 @@ def test_study_table_by_hand(no_training, capsys):
                                  "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
     assert rows["d2s"][4:9] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4", "not reached [never, never]", "-"]
     assert rows["d2s"][-1] == "3/3"
+    assert (rows["grpo"][11], rows["d3s"][11], rows["d3s"][12]) == ("50.0 ± 62.1", "25.0 ± 0.0", "1.00")
     # the plot's curves: seed means, t intervals, paired differences to grpo
     curve = res["curves"]["d3s lr 0.0001 K 1"]
     assert curve["step"] == [0, 10, 20] and curve["acc_mean"] == pytest.approx([0.2, 2.2 / 3, 2.2 / 3])
@@ -183,6 +190,12 @@ def test_aggregate_failures_and_no_grpo():
     assert cells["d3s"][3:5] == ["60.0", "+10.0"]
     assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
     assert cells["d2s"][3] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
+    assert len(cells["d2s"]) == len(cells["d3s"]) == 16  # a failed row has every column
+    # runs of before the zero-var column (no zero_var in their steps): "-", not a wrong number
+    for step in results[0]["steps"]:
+        del step["zero_var"]
+    rows, _ = bench.aggregate(results[:2], [("grpo", 1e-4, 1)])
+    assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][11] == "-"
     # without grpo there is nothing to compare with
     rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
@@ -393,6 +406,22 @@ def test_repeating_the_command_reuses_the_runs(benched, monkeypatch, capsys):
     assert "2 runs: 2 finished before (reused), 0 to run" in again
     assert table_rows(again) == table_rows(printed)
     assert json.loads((tmp / "bench" / "results.json").read_text())["runs"] == res["runs"]
+
+
+def test_an_unfinished_run_is_run_again_in_its_folder(benched, tmp_path, monkeypatch, capsys):
+    # a run interrupted after some steps leaves its log.jsonl and no result.json; train.py refuses such a
+    # folder unless overwrite is true, so bench passes it and the run starts again from step 0
+    tmp, printed, res = benched
+    shutil.copytree(tmp / "bench", tmp_path / "bench")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "bench" / "runs" / "d3s-seed0"
+    (run / "result.json").unlink()
+    (run / "log.jsonl").write_text('{"step": 0}\n')  # a torn log of the interrupted run
+    again = main(ARGS + ["--model", str(tmp / "tiny")], capsys)
+    assert "2 runs: 1 finished before (reused), 1 to run" in again and "FAILED" not in again
+    assert json.loads((run / "result.json").read_text())["config"]["overwrite"] is True
+    assert len((run / "log.jsonl").read_text().splitlines()) == 2  # steps 0 and 1 of the new run only
+    assert table_rows(again)["d3s"][3:8] == table_rows(printed)["d3s"][3:8]  # the same run, the same numbers
 
 # -----------------------------------------------------------------------------
 # bad input
