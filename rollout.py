@@ -77,7 +77,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 # positions asked for: real completion tokens, never padding). Each chunk briefly holds a few
 # (chunk, V) float32 tensors (logits, log-softmax, probabilities; their gradient in backward), 4 bytes
 # per entry: for Qwen's V = 151,936 and chunk = 4096 that is 4096 * 151,936 * 4 B = 2.5 GB per tensor,
-# ~10 GB at the peak, whatever the batch and completion length (the full logits of 16 rollouts of 4096
+# at the peak 7.0 GiB in the gradient pass and 9.3 GiB in the no-grad pass with the entropy (measured:
+# scripts/memory.py), whatever the batch and completion length (the full logits of 16 rollouts of 4096
 # tokens: 40 GB each). Smaller chunks save memory but barely time; lower it on a small GPU.
 CHUNK_SIZE = 4096
 
