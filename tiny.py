@@ -214,7 +214,19 @@ def _split(terms):
 
 def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE, terms=NUM_TERMS,
            log=print):
-    """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model, tokenizer)."""
+    """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model, tokenizer).
+    [ours] One CPU thread, whatever the machine: a float sum's order depends on the thread count, and
+    over 200 steps that moved weights by up to 0.018 (1 thread against 2), so the warmed-up model, and
+    every starting figure measured on it, would depend on the machine that built it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _warmup(seed, steps, batch_size, lr, noise, terms, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warmup(seed, steps, batch_size, lr, noise, terms, log):
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
     train = problems("train", seed=seed, terms=terms)

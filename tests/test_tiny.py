@@ -90,3 +90,18 @@ def test_tiny_weak_adds_like_the_default_world_but_rarely_carries():
     # (digit sum <= 9): 66 of the 1036 test questions, the floor under the world's 7.0% greedy start
     test = tiny.problems("test")
     assert sum(sum(map(int, r["prompt"].split("+"))) <= 9 for r in test) == 66
+
+
+def test_the_warm_up_is_the_same_on_any_number_of_threads():
+    """The warmed-up model must not depend on the machine that built it: the warm-up runs on one thread
+    (with 2 threads the float sums run in another order, and 200 steps moved weights by up to 0.018)."""
+    import torch
+    threads, got = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got.append(tiny.warmup(steps=3, batch_size=32, log=lambda *a: None)[0].state_dict())
+            assert torch.get_num_threads() == n  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(got[0][k], got[1][k]) for k in got[0])
