@@ -79,7 +79,7 @@ class Config:
     generation: str = "prefix"          # KV cache: prefix (a prompt's cache once for its G samples) | plain | static
     logprob_chunk: int = 4096           # token positions per lm_head chunk: never the (B, T, V) float32 logits
     gradient_checkpointing: bool = False  # trade compute for activation memory on big models
-    dtype: str = "auto"                 # auto: fp32 weights, bf16 autocast on a GPU | float32 | bfloat16
+    dtype: str = "auto"                 # auto: fp32 weights, bf16 autocast on a bf16 GPU (8.0+) | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same ones every time
     eval_every: int = 25                # steps between evaluations (also at step 0 and at the end; 0: only those)
