@@ -47,11 +47,11 @@ run)
   ;;
 weak-tune)
   # F: K and lr together for GRPO and D3S on seeds 100-101 ...
-  python bench.py $WEAK --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --updates_grid 1,2,4 --seeds 2 \
+  python bench.py $WEAK --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --updates_grid 1,2,4 --seeds 2 \
       --seed_start 100 --out out/study/tune-weak-k
   # ... then the two halves of D3S, each lr from the same grid at D3S's K [a shortcut: their K is not tuned]
   K=$(python -c 'import json; print(json.load(open("out/study/tune-weak-k/tuned.json"))["updates_per_batch"]["d3s"])')
-  python bench.py $WEAK --methods d1s-cross,entropy --lr_grid 5e-5,1e-4,2e-4 --updates_per_batch "$K" --seeds 2 \
+  python bench.py $WEAK --methods d1s-cross,entropy --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --updates_per_batch "$K" --seeds 2 \
       --seed_start 100 --out out/study/tune-weak-parts
   # one tuned.json for the four methods, what --tuned reads
   python -c 'import json

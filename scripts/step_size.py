@@ -1,0 +1,202 @@
+"""
+How far does one update move the weights, GRPO against D3S, and does AdamW cancel the token-mean divisor?
+
+    python scripts/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out out/study/step-weak.json
+    python scripts/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
+    python scripts/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png docs/study/step-size.png
+
+The question (docs/study.md, section F). GRPO's loss is a mean over every token of the rollout batch,
+the tokens of groups whose rewards are all equal (advantage 0, nothing to learn) included, so its
+gradient shrinks with the share of groups that carry a signal; D3S's is a mean over the tokens it
+keeps, most of them with a signal, so its gradient is larger (docs/study.md, section A: about 1 / the
+share of tokens kept). Under SGD a larger gradient is a larger step. AdamW divides each parameter's
+update by a running root-mean-square of its gradient, so a gradient scaled by a constant gives the
+same step; but the running mean remembers earlier updates (beta2 0.999), so a gradient that is
+smaller than usual on one batch (GRPO on a batch with few informative groups) still gives a smaller
+step on it. This script measures both, instead of asserting them.
+
+`run` trains each method with each seed through train.train itself (the same code as every study
+run) and records, without changing what is computed:
+  per update        the gradient norm before clipping (train.optimizer_step's own) and ||delta theta||,
+                    the L2 norm of the change of all weights made by that optimizer step
+  per rollout batch ||theta after its K updates - theta before||, and from log.jsonl the share of
+                    groups with all rewards equal (zero_var) and the tokens trained
+`show` prints, per world and method: the mean gradient norm, the share of updates the clip at 1.0
+cut, the mean ||delta theta|| per update and per rollout batch (that over lr: AdamW's step is about
+lr times a per-parameter ratio of order 1), and the Pearson correlation over rollout batches between
+||delta theta|| and the informative share 1 - zero_var (pooled over seeds, each batch's values
+taken relative to its run's mean). One thread (torch.set_num_threads(1)); runs one after another.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import config  # noqa: E402
+import train  # noqa: E402
+
+
+def flat(model):
+    """All weights as one float32 vector (a copy)."""
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+def measured_run(cfg):
+    """train.train(cfg) with the weights' change recorded per update and per rollout batch."""
+    updates, starts = [], []  # starts: the weights before each rollout batch's generation
+    optimizer_step, generate_groups = train.optimizer_step, train.generate_groups
+
+    def step_and_measure(model, optimizer, grad_clip, loss):
+        before = flat(model)
+        out = optimizer_step(model, optimizer, grad_clip, loss)
+        if out.get("applied", True):  # a skipped update (zero or non-finite gradient) moved nothing
+            updates.append({"step": len(starts) - 1, "grad_norm": out["grad_norm"],
+                            "delta": (flat(model) - before).norm().item()})
+        return out
+
+    def generate_and_mark(model, *args, **kwargs):  # train.py's step 1, once per rollout batch
+        starts.append(flat(model))
+        return generate_groups(model, *args, **kwargs)
+
+    train.optimizer_step, train.generate_groups = step_and_measure, generate_and_mark
+    try:
+        history = train.train(cfg, log=lambda line: None, given=[f.name for f in dataclasses.fields(cfg)])
+    finally:
+        train.optimizer_step, train.generate_groups = optimizer_step, generate_groups
+    with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    # the net change of each rollout batch but the last (its end is not marked by a next generation)
+    batches = [{"step": r["step"], "zero_var": r["zero_var"], "tokens": r["tokens"], "updates": r["updates"],
+                "delta": (b - a).norm().item()} for r, a, b in zip(rows, starts, starts[1:])]
+    return {"method": cfg.method, "seed": cfg.seed, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
+            "grad_clip": cfg.grad_clip, "history": history, "updates": updates, "batches": batches}
+
+
+def run(args):
+    torch.set_num_threads(1)
+    tuned = json.load(open(args.tuned)) if args.tuned else None
+    runs, t0 = [], time.time()
+    for method in args.methods.split(","):
+        knobs = {"model": args.model, "method": method, "steps": args.steps, "eval_every": 0, "save_every": 0,
+                 "overwrite": True}
+        if tuned:
+            knobs.update(lr=tuned["lr"][method], updates_per_batch=tuned["updates_per_batch"][method])
+        for name in ("lr", "updates_per_batch"):
+            if getattr(args, name) is not None:
+                knobs[name] = getattr(args, name)
+        for seed in range(args.seeds):
+            mine = {**knobs, "seed": seed, "out_dir": os.path.join("out", "step-size", f"{args.model}-{method}-{seed}")}
+            cfg = config.resolve(train.Config(**mine), given=mine)
+            runs.append(measured_run(cfg))
+            print(f"{args.model} {method} seed {seed}: {len(runs[-1]['updates'])} updates, "
+                  f"{time.time() - t0:.0f}s", flush=True)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"model": args.model, "command": "python scripts/step_size.py " + " ".join(sys.argv[1:]),
+                   "runs": runs}, f)
+
+
+def pearson(xs, ys):
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else float("nan")
+
+
+def summary(runs):
+    """The table's numbers for one method's runs (all seeds)."""
+    ups = [u for r in runs for u in r["updates"]]
+    bat = [b for r in runs for b in r["batches"]]
+    rel_delta, rel_info = [], []  # per batch, relative to its run's mean: seeds pooled without their offsets
+    for r in runs:
+        d = [b["delta"] for b in r["batches"]]
+        i = [1 - b["zero_var"] for b in r["batches"]]
+        rel_delta += [x / statistics.mean(d) for x in d]
+        rel_info += [x - statistics.mean(i) for x in i]
+    lr = runs[0]["lr"]
+    return {"lr": lr, "K": runs[0]["updates_per_batch"], "seeds": len(runs), "updates": len(ups),
+            "grad_norm": statistics.mean(u["grad_norm"] for u in ups),
+            "clipped": sum(u["grad_norm"] > r["grad_clip"] > 0 for r in runs for u in r["updates"]) / len(ups),
+            "delta_update": statistics.mean(u["delta"] for u in ups),
+            "delta_batch": statistics.mean(b["delta"] for b in bat),
+            "delta_batch_over_lr": statistics.mean(b["delta"] for b in bat) / lr,
+            "zero_var": statistics.mean(b["zero_var"] for b in bat),
+            "corr_info": pearson(rel_info, rel_delta)}
+
+
+def show(args):
+    rows = []
+    print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped | ||Δθ|| / update "
+          "| ||Δθ|| / rollout batch | ÷ lr | zero-var | corr(||Δθ|| batch, 1 - zero-var) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for path in args.files:
+        with open(path) as f:
+            data = json.load(f)
+        for method in dict.fromkeys(r["method"] for r in data["runs"]):
+            s = summary([r for r in data["runs"] if r["method"] == method])
+            rows.append((data["model"], method, s, [r for r in data["runs"] if r["method"] == method]))
+            print(f"| {data['model']} | {method} | {s['lr']:g} | {s['K']} | {s['seeds']} | {s['grad_norm']:.2f} "
+                  f"| {s['clipped']:.2f} | {s['delta_update']:.4f} | {s['delta_batch']:.4f} "
+                  f"| {s['delta_batch_over_lr']:.0f} | {s['zero_var']:.2f} | {s['corr_info']:+.2f} |")
+    if args.png:
+        plot(rows, args.png)
+
+
+def plot(rows, path):
+    """||delta theta|| per rollout batch against step, and against the informative share, per world."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    worlds = list(dict.fromkeys(w for w, *_ in rows))
+    fig, axes = plt.subplots(2, len(worlds), figsize=(6 * len(worlds), 8), dpi=80, squeeze=False)
+    for col, world in enumerate(worlds):
+        top, bottom = axes[0, col], axes[1, col]
+        for w, method, s, runs in rows:
+            if w != world:
+                continue
+            steps = [b["step"] for b in runs[0]["batches"]]
+            mean = [statistics.mean(r["batches"][i]["delta"] for r in runs) for i in range(len(steps))]
+            line, = top.plot(steps, mean, label=f"{method} (lr {s['lr']:g}, K {s['K']})")
+            bottom.scatter([1 - b["zero_var"] for r in runs for b in r["batches"]],
+                           [b["delta"] for r in runs for b in r["batches"]], s=8, alpha=0.5, color=line.get_color(),
+                           label=f"{method}: corr {s['corr_info']:+.2f}")
+        top.set_title(world)
+        top.set_xlabel("step (rollout batch)")
+        top.set_ylabel("||Δθ|| of the rollout batch (seed mean)")
+        bottom.set_xlabel("share of the batch's groups with a signal (1 - zero-var)")
+        bottom.set_ylabel("||Δθ|| of the rollout batch")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train and record the step sizes")
+    r.add_argument("--model", default="tiny", help="a tiny world: tiny, tiny-weak, ...")
+    r.add_argument("--methods", default="grpo,d3s")
+    r.add_argument("--seeds", type=int, default=2, help="seeds 0 .. N-1")
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--tuned", default=None, help="a bench.py tuned.json: each method's lr and K")
+    r.add_argument("--lr", type=float, default=None, help="every method's lr (over --tuned's)")
+    r.add_argument("--updates_per_batch", type=int, default=None, help="every method's K (over --tuned's)")
+    r.add_argument("--out", required=True, help="the JSON of every update and rollout batch")
+    s = sub.add_parser("show", help="the table (and a plot) of one or more run files")
+    s.add_argument("files", nargs="+")
+    s.add_argument("--png", default=None)
+    args = p.parse_args(argv)
+    run(args) if args.command == "run" else show(args)
+
+
+if __name__ == "__main__":
+    main()
