@@ -38,11 +38,13 @@ should matter more:
              digit of a wrapping step, 0.83 on the forgotten carry). Greedy, it is right on the 6.4% of
              questions with no wrapping step and on almost nothing else; sampled, on a question with one
              wrapping step about 1 time in 10, so 62% of a GRPO step's groups are all wrong. A right
-             answer is a carry the model made, which RL can reinforce: GRPO takes the held-out accuracy
-             from 7.0% to 39% in 100 steps at train.py's lr 5e-5, K = 4 (seeds 0 and 1), and the
-             study's tuned rows are docs/study.md's section F. (Until issue 29 tiny-weak was the
-             default world with half the warm-up: a model that had not learned to add, 0.12 on the
-             right digit of a plain step, right 10% of the time by luck; nothing learned from it.)
+             answer is a carry the model made, which RL can reinforce: GRPO at its tuned lr 1e-4, K = 2
+             takes the held-out accuracy from 7.0% to 43.2% in 100 steps (seeds 0-2, whole test split),
+             and about half of each batch's groups still have all rewards equal at the end (0.58 over
+             the first 10 steps, 0.49 over the last 50); docs/study.md, section F. (Until issue 29
+             tiny-weak was the default world with half the warm-up: a model that had not learned to
+             add, 0.12 on the right digit of a plain step, right 10% of the time by luck; nothing
+             learned from it.)
 Their starting points, measured by `python scripts/world_figures.py --world NAME` (seed 0, 1 CPU
 thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256 training
 questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean test solutions,
@@ -54,14 +56,14 @@ the mean probability of the right result digit on steps that do not and that do 
   tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%       0.95      0.07     26        32
 
 (solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: max_new_tokens, what
-train.py gives the world, with room for a longer wrong answer. A folder built with more threads
-differs by float rounding: out/tiny as the test suite builds it was 20.8% greedy. This table's first
-version drew other samples: tiny-long 13.2% sampled, 41.0% all-wrong.) Also tried: 8 terms with
-noise 0.5 (greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps at 0.4 (greedy 43.5%,
-sampled 17.7%, 30% all-wrong); the default world at noise 0.8 (greedy 9.8%, sampled 17.6%) and at
-0.85 (greedy 7.8%, sampled 14.1%, 53% all-wrong; GRPO 7.8% -> 68.2% in 100 steps, one seed: it
-leaves the all-wrong regime within a few steps), or with 60 warm-up steps (greedy 10.1%, sampled
-9.6%), or 100 (the old tiny-weak: greedy 10.0%, sampled 10.2%, 44.1% all-wrong, p(plain) 0.12).
+train.py gives the world, with room for a longer wrong answer. This table's first version drew
+other samples: tiny-long 13.2% sampled, 41.0% all-wrong.) Also tried: 8 terms with noise 0.5
+(greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps at 0.4 (greedy 43.5%, sampled 17.7%,
+30% all-wrong); the default world at noise 0.8 (greedy 9.8%, sampled 17.6%) and at 0.85 (greedy
+7.8%, sampled 14.1%, 53% all-wrong; GRPO 7.8% -> 68.2% in 100 steps, one seed, its zero-variance
+share down from 0.62 at step 0 to 0.42 over the first 10 steps: it leaves the regime fast), or with
+60 warm-up steps (greedy 10.1%, sampled 9.6%), or 100 (the old tiny-weak: greedy 10.0%, sampled
+10.2%, 44.1% all-wrong, p(plain) 0.12).
 
 Chains longer than 4 terms have too many questions to list (10**8 for 8 terms): a world of more than
 QUESTIONS = 10**4 questions uses a fixed sample of that many (questions()), split by the same hash

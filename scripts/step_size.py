@@ -1,9 +1,10 @@
 """
 How far does one update move the weights, GRPO against D3S, and does AdamW cancel the token-mean divisor?
 
-    python scripts/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out out/study/step-weak.json
     python scripts/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
-    python scripts/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png docs/study/step-size.png
+    python scripts/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
+    python scripts/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
+    python scripts/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...  # each tuned
 
 The question (docs/study.md, section F). GRPO's loss is a mean over every token of the rollout batch,
 the tokens of groups whose rewards are all equal (advantage 0, nothing to learn) included, so its
@@ -13,7 +14,8 @@ share of tokens kept). Under SGD a larger gradient is a larger step. AdamW divid
 update by a running root-mean-square of its gradient, so a gradient scaled by a constant gives the
 same step; but the running mean remembers earlier updates (beta2 0.999), so a gradient that is
 smaller than usual on one batch (GRPO on a batch with few informative groups) still gives a smaller
-step on it. This script measures both, instead of asserting them.
+step on it. And before AdamW, the clip (grad_clip 1.0) scales any gradient norm above 1 down to 1.
+This script measures what reaches the weights, instead of asserting it.
 
 `run` trains each method with each seed through train.train itself (the same code as every study
 run) and records, without changing what is computed:
@@ -21,11 +23,14 @@ run) and records, without changing what is computed:
                     the L2 norm of the change of all weights made by that optimizer step
   per rollout batch ||theta after its K updates - theta before||, and from log.jsonl the share of
                     groups with all rewards equal (zero_var) and the tokens trained
-`show` prints, per world and method: the mean gradient norm, the share of updates the clip at 1.0
-cut, the mean ||delta theta|| per update and per rollout batch (that over lr: AdamW's step is about
-lr times a per-parameter ratio of order 1), and the Pearson correlation over rollout batches between
-||delta theta|| and the informative share 1 - zero_var (pooled over seeds, each batch's values
-taken relative to its run's mean). One thread (torch.set_num_threads(1)); runs one after another.
+`show` prints, per world and method, from the rollout batches after the first SKIP = 5 (AdamW's
+first updates, bias-corrected, move every weight by about lr whatever the gradient: a transient, the
+same for every method): the mean gradient norm, the share of updates the clip at 1.0 cut, the mean
+||delta theta|| per update and per rollout batch (that over lr; lr * sqrt(number of weights) would be
+every weight moving by lr), and how the rollout batch's ||delta theta|| follows the informative share
+1 - zero_var: the Pearson correlation over batches and the slope, as the change of ||delta theta||
+(relative to its run's mean) per 0.1 more of the share (seeds pooled, each run's values taken
+relative to its own mean). One thread (torch.set_num_threads(1)); runs one after another.
 """
 import argparse
 import dataclasses
@@ -40,6 +45,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import config  # noqa: E402
 import train  # noqa: E402
+
+SKIP = 5  # rollout batches left out of `show`'s numbers: AdamW's first, bias-corrected updates
 
 
 def flat(model):
@@ -109,32 +116,35 @@ def pearson(xs, ys):
     return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else float("nan")
 
 
-def summary(runs):
-    """The table's numbers for one method's runs (all seeds)."""
-    ups = [u for r in runs for u in r["updates"]]
-    bat = [b for r in runs for b in r["batches"]]
+def summary(runs, skip=SKIP):
+    """The table's numbers for one method's runs (all seeds), from rollout batch `skip` on."""
+    ups = [(u, r) for r in runs for u in r["updates"] if u["step"] >= skip]
+    bat = [b for r in runs for b in r["batches"] if b["step"] >= skip]
     rel_delta, rel_info = [], []  # per batch, relative to its run's mean: seeds pooled without their offsets
     for r in runs:
-        d = [b["delta"] for b in r["batches"]]
-        i = [1 - b["zero_var"] for b in r["batches"]]
+        d = [b["delta"] for b in r["batches"] if b["step"] >= skip]
+        i = [1 - b["zero_var"] for b in r["batches"] if b["step"] >= skip]
         rel_delta += [x / statistics.mean(d) for x in d]
         rel_info += [x - statistics.mean(i) for x in i]
     lr = runs[0]["lr"]
     return {"lr": lr, "K": runs[0]["updates_per_batch"], "seeds": len(runs), "updates": len(ups),
-            "grad_norm": statistics.mean(u["grad_norm"] for u in ups),
-            "clipped": sum(u["grad_norm"] > r["grad_clip"] > 0 for r in runs for u in r["updates"]) / len(ups),
-            "delta_update": statistics.mean(u["delta"] for u in ups),
+            "grad_norm": statistics.mean(u["grad_norm"] for u, _ in ups),
+            "clipped": sum(u["grad_norm"] > r["grad_clip"] > 0 for u, r in ups) / len(ups),
+            "delta_update": statistics.mean(u["delta"] for u, _ in ups),
             "delta_batch": statistics.mean(b["delta"] for b in bat),
             "delta_batch_over_lr": statistics.mean(b["delta"] for b in bat) / lr,
             "zero_var": statistics.mean(b["zero_var"] for b in bat),
-            "corr_info": pearson(rel_info, rel_delta)}
+            "corr_info": pearson(rel_info, rel_delta),
+            # least squares: relative ||delta theta|| = 1 + slope * (share - its mean); x 0.1: per 0.1 of share
+            "slope_info": 0.1 * sum(x * y for x, y in zip(rel_info, rel_delta)) / sum(x * x for x in rel_info)}
 
 
 def show(args):
     rows = []
-    print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped | ||Δθ|| / update "
-          "| ||Δθ|| / rollout batch | ÷ lr | zero-var | corr(||Δθ|| batch, 1 - zero-var) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"rollout batches {SKIP} and later; Δθ: the change of all weights (L2 norm)")
+    print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped | ‖Δθ‖ / update "
+          "| ‖Δθ‖ / rollout batch | ÷ lr | zero-var | corr(‖Δθ‖ batch, 1 - zero-var) | per +0.1 of it |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.files:
         with open(path) as f:
             data = json.load(f)
@@ -143,7 +153,8 @@ def show(args):
             rows.append((data["model"], method, s, [r for r in data["runs"] if r["method"] == method]))
             print(f"| {data['model']} | {method} | {s['lr']:g} | {s['K']} | {s['seeds']} | {s['grad_norm']:.2f} "
                   f"| {s['clipped']:.2f} | {s['delta_update']:.4f} | {s['delta_batch']:.4f} "
-                  f"| {s['delta_batch_over_lr']:.0f} | {s['zero_var']:.2f} | {s['corr_info']:+.2f} |")
+                  f"| {s['delta_batch_over_lr']:.0f} | {s['zero_var']:.2f} | {s['corr_info']:+.2f} "
+                  f"| {100 * s['slope_info']:+.1f}% |")
     if args.png:
         plot(rows, args.png)
 
@@ -163,14 +174,14 @@ def plot(rows, path):
             steps = [b["step"] for b in runs[0]["batches"]]
             mean = [statistics.mean(r["batches"][i]["delta"] for r in runs) for i in range(len(steps))]
             line, = top.plot(steps, mean, label=f"{method} (lr {s['lr']:g}, K {s['K']})")
-            bottom.scatter([1 - b["zero_var"] for r in runs for b in r["batches"]],
-                           [b["delta"] for r in runs for b in r["batches"]], s=8, alpha=0.5, color=line.get_color(),
-                           label=f"{method}: corr {s['corr_info']:+.2f}")
+            later = [b for r in runs for b in r["batches"] if b["step"] >= SKIP]
+            bottom.scatter([1 - b["zero_var"] for b in later], [b["delta"] for b in later], s=8, alpha=0.5,
+                           color=line.get_color(), label=f"{method}: corr {s['corr_info']:+.2f}")
         top.set_title(world)
         top.set_xlabel("step (rollout batch)")
-        top.set_ylabel("||Δθ|| of the rollout batch (seed mean)")
+        top.set_ylabel("‖Δθ‖ of the rollout batch (seed mean)")
         bottom.set_xlabel("share of the batch's groups with a signal (1 - zero-var)")
-        bottom.set_ylabel("||Δθ|| of the rollout batch")
+        bottom.set_ylabel(f"‖Δθ‖ of the rollout batch (batches {SKIP} and later)")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)

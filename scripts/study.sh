@@ -4,7 +4,7 @@
 #   bash scripts/study.sh tune       # learning rates (and K) on tuning seeds 100-101: about 70 minutes
 #   bash scripts/study.sh run        # the study itself on seeds 0-7: about 100 minutes
 #   bash scripts/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K on seeds 100-101
-#   bash scripts/study.sh weak       # tiny-weak: the study on seeds 0-7 and GRPO's 100-step check
+#   bash scripts/study.sh weak       # tiny-weak: the study on seeds 0-7, GRPO's 100-step check, the step sizes
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -65,6 +65,13 @@ weak)
   # the world's check: GRPO at its tuned lr and K, 100 steps, 3 seeds (the same seeds 0-2 as F's first three)
   python bench.py --model tiny-weak --methods grpo --tuned out/study/tune-weak.json --seeds 3 --steps 100 $C \
       --out out/study/weak-grpo-100
+  # G: GRPO and D3S at one setting, lr 5e-5 and K = 4 (D3S's tuned one in both worlds), both worlds, this code
+  python bench.py $WEAK --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --out out/study/weak-same
+  python bench.py --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --steps 60 $C --out out/study/tiny-same
+  # the step each update takes (||delta theta||), GRPO against D3S in both worlds, at that setting
+  python scripts/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
+  python scripts/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
+  python scripts/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
   ;;
 *)
   echo "usage: bash scripts/study.sh tune|run|weak-tune|weak" >&2
