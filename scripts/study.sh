@@ -3,8 +3,8 @@
 #
 #   bash scripts/study.sh tune       # learning rates (and K) on tuning seeds 100-101: about 70 minutes
 #   bash scripts/study.sh run        # the study itself on seeds 0-7: about 100 minutes
-#   bash scripts/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K on seeds 100-101
-#   bash scripts/study.sh weak       # tiny-weak: the study on seeds 0-7, GRPO's 100-step check, the step sizes
+#   bash scripts/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K on seeds 100-101, ~40 min
+#   bash scripts/study.sh weak       # tiny-weak on seeds 0-7, GRPO's 100-step check, the step sizes: ~40 min
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
