@@ -93,7 +93,8 @@ WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU c
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
 MAX_NEW_TOKENS = 32    # a full solution is 26 tokens with its <eos> (6 * terms + 2)
-VERSION = 2            # of the warmed-up folder: pretrained() rebuilds a folder made by another version
+VERSION = 3            # of the warmed-up folder: pretrained() rebuilds a folder made by another version (3: the
+                       # warm-up on one thread; a folder of version 2 may have been built on more)
 
 # The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is the
 # default world, built from the constants above; harder ones vary the chain length and the warm-up
