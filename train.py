@@ -227,8 +227,8 @@ def train(cfg, log=print, given=None):
                 raise KeyboardInterrupt(signals.received or 2) from None
             checkpoint.save(run_dir, model, tokenizer, optimizer, completed,
                             [h for h in history if h["step"] <= completed], tokens_trained, world)
-            log(f"\ninterrupted: checkpoint saved after step {completed}; continue with: python train.py --resume "
-                f"{run_dir}")
+            log(f"\ninterrupted: checkpoint saved after step {completed - 1} (it resumes at step {completed}); "
+                f"continue with: python train.py --resume {run_dir}")
             raise KeyboardInterrupt(signals.received or 2) from None  # 2: SIGINT, for the exit code
         except NonFiniteLogits as e:  # no checkpoint: these weights are what went wrong
             raise config.Stop(f"step {step}: {e}; no checkpoint saved; start a new run with a lower --lr (from "

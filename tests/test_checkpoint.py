@@ -368,8 +368,9 @@ def test_real_processes_sigterm_saves_and_exits_143_bad_input_is_one_line(tmp_pa
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, lines + [rest]
     assert "checkpoint saved after step" in rest and f"python train.py --resume {out}" in rest
+    done = int(rest.split("checkpoint saved after step ")[1].split()[0])
     assert not any("\r" in line for line in lines)  # piped: plain lines, no progress bar
     step = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["step"]
-    assert step >= 2 and len(rows(out)) == step
+    assert step >= 2 and len(rows(out)) == step and done == step - 1  # the last step logged is the last saved
     stdout, stderr = bad.communicate(timeout=120)
     assert (bad.returncode, stderr.strip(), stdout) == (2, "error: --s_final must be in (0, 1], got 2.0", "")
