@@ -257,6 +257,7 @@ def due(step, every, steps, first=True):
     never) and at the end."""
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
 
+
 def write_row(run_dir, row, wandb_run):
     """The step's row: appended to RUN/log.jsonl (and sent to wandb)."""
     with open(os.path.join(run_dir, "log.jsonl"), "a") as f:
@@ -266,7 +267,11 @@ def write_row(run_dir, row, wandb_run):
 
 
 def read_rows(run_dir):
-    with open(os.path.join(run_dir, "log.jsonl")) as f:
+    """The rows of RUN/log.jsonl ([] when there is none)."""
+    path = os.path.join(run_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -285,6 +290,7 @@ def report_eval(run_dir, history, n, cfg, say, wandb_run):
         plots.plot_run(run_dir, history)
     if wandb_run:
         wandb_run.log({"accuracy": h["accuracy"]}, step=h["step"])
+
 
 # -----------------------------------------------------------------------------
 # the step's helpers, in the order the step calls them

@@ -551,7 +551,7 @@ def table(coefficients, prompt_len, new_tokens, log=print):
             if got and not got["gradient_checkpointing"] and got["micro_batch_size"] < 16:
                 alt = settings_for(s, card, coefficients, checkpointing=(True,), **lengths)
                 if alt:
-                    log(f"     or   " + line(alt))
+                    log("     or   " + line(alt))
     return rows
 
 

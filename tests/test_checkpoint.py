@@ -161,6 +161,7 @@ def test_out_of_memory_saves_what_it_can_and_resumes_with_less_memory(tmp_path, 
     assert [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_a] == \
            [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_b]
     assert all(torch.allclose(w_a[k], w_b[k], atol=1e-5) for k in w_a)
+    assert [h["step"] for h in hist_a] == [h["step"] for h in hist_b] == [0, 1, 2, 3]  # no evaluation lost
 
 
 def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_path, tiny_dir, monkeypatch, capsys):
