@@ -115,7 +115,8 @@ def run_train(args, folder, method, generation):
     knobs = dict(model=folder, dataset=args.dataset, data_dir=args.data_dir or "", method=method, steps=args.steps,
                  prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                  lr=1e-6, updates_per_batch=1, eval_size=1, eval_every=0, save_every=0, generation=generation,
-                 device=args.device, out_dir=os.path.join(args.out, "runs", f"{method}-{generation}"))
+                 device=args.device, out_dir=os.path.join(args.out, "runs", f"{method}-{generation}"),
+                 overwrite=True)  # the benchmark's own folder: a second benchmark replaces the first's runs
     # the knobs set here are the run's (K = 1: one optimizer step per batch, TRL's default); the rest are
     # train.py's values for the model (a real model: its `real` micro-batch of 16)
     train.train(train.Config(**knobs), log=lambda *a: None, given=knobs)

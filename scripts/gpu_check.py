@@ -88,7 +88,7 @@ def run(name, extra):
     """train.train on the saved model with the check's arguments + extra; its log rows and peak memory."""
     out = os.path.join(args.out, name)
     argv = ["--model", folder, "--data_dir", args.data_dir, "--eval_size", "64", "--save_every", "1000",
-            "--out_dir", out] + extra
+            "--out_dir", out, "--overwrite", "true"] + extra  # the check's own folder: a rerun replaces it
     cfg, given = config.parse_args(train.Config, argv + (small if args.dry_run else []) + rest)
     if cuda:
         torch.cuda.empty_cache()
