@@ -29,6 +29,7 @@ import re
 import signal
 import sys
 
+import checkpoint
 import d3s
 import tiny
 from rollout import CACHES
@@ -72,10 +73,10 @@ def resolve(cfg, given=None):
     return cfg
 
 
-# Knobs a run folder's default name leaves out: the method and the model open the name, and the rest
-# change nothing the run computes (where it runs, how often it reports, how it fits in memory).
-UNNAMED = ("method", "model", "out_dir", "resume", "overwrite", "device", "eval_every", "save_every", "wandb",
-           "data_dir", "micro_batch_size", "gen_batch_size", "generation", "logprob_chunk", "gradient_checkpointing")
+# Knobs a run folder's default name leaves out: the method and the model open the name, the folder
+# knobs and where the data lives say nothing of the run, and the knobs a resume may change
+# (checkpoint.RESUME_SAFE) change nothing it computes.
+UNNAMED = ("method", "model", "out_dir", "overwrite", "data_dir") + checkpoint.RESUME_SAFE
 
 
 def run_folder(cfg, given):
