@@ -57,7 +57,7 @@ import time
 import torch
 from tqdm import tqdm
 
-import data
+from machinery import data
 from reward import extract_answer, grade
 from rollout import draw_seed, generate_groups
 
@@ -281,7 +281,7 @@ def run(args):
     # what each benchmark's rows are: a .jsonl's held-out slice must not pass for the whole file
     splits = {b: data.describe(b, "test", data_dir=args.data_dir) for b in benchmarks}
 
-    import model as models  # imported here: it pulls in transformers' model classes
+    from machinery import model as models  # imported here: it pulls in transformers' model classes
     model, tokenizer = models.load_model(args.model, device=args.device, dtype=args.dtype)
     device, weights = next(model.parameters()).device, next(model.parameters()).dtype
     out = args.out or default_out(args.model)

@@ -78,7 +78,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 # (chunk, V) float32 tensors (logits, log-softmax, probabilities; their gradient in backward), 4 bytes
 # per entry: for Qwen's V = 151,936 and chunk = 4096 that is 4096 * 151,936 * 4 B = 2.5 GB per tensor,
 # at the peak 7.0 GiB in the gradient pass and 9.3 GiB in the no-grad pass with the entropy (measured:
-# scripts/memory.py), whatever the batch and completion length (the full logits of 16 rollouts of 4096
+# experiments/memory.py), whatever the batch and completion length (the full logits of 16 rollouts of 4096
 # tokens: 40 GB each). Smaller chunks save memory but barely time; lower it on a small GPU.
 CHUNK_SIZE = 4096
 
@@ -349,7 +349,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     (bit for bit on a CPU in float32; see batch_size for bf16 on a GPU). Under autocast the cache holds
     keys and values in the autocast dtype (_rotary_in_autocast_dtype says why):
       prefix  [ours] the decoder runs once over each prompt and its KV cache is copied to the prompt's
-              G rows, instead of G identical prefills (the default: measured faster, docs/speed.md)
+              G rows, instead of G identical prefills (the default: measured faster, experiments/speed.md)
       plain   transformers' default dynamic cache, every row prefilled on its own
       static  a preallocated static cache: on a GPU transformers then compiles the decode step
     Raises NonFiniteLogits when the model's logits hold a NaN or inf while sampling (Sampler marks them

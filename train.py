@@ -26,16 +26,16 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-import checkpoint
-import config
+from machinery import checkpoint
+from machinery import config
 import d3s
-import plots
-import tiny
-from config import pick
-from data import describe, format_prompt, load_problems
+from machinery import plots
+from machinery import tiny
+from machinery.config import pick
+from machinery.data import describe, format_prompt, load_problems
 from eval import evaluate
-from logs import NO_SIGNAL, Stopwatch, start_wandb, step_line, step_record
-from model import autocast, load_model, weight_dtype
+from machinery.logs import NO_SIGNAL, Stopwatch, start_wandb, step_line, step_record
+from machinery.model import autocast, load_model, weight_dtype
 from reward import score
 from rollout import NonFiniteLogits, completion_hidden, generate_groups, head_logprobs
 
@@ -68,7 +68,7 @@ class Config:
     # the update
     updates_per_batch: int = 4          # K optimizer steps per rollout batch, one per mini-batch (K > 1: the clip acts)
     optimizer: str = "adamw"            # adamw | sgd (momentum 0.9)
-    lr: float = pick(tiny=5e-5, real=1e-6)  # constant (tiny: tuned in docs/study.md; real: a start, not tuned [ours])
+    lr: float = pick(tiny=5e-5, real=1e-6)  # constant (tiny: tuned in experiments/study.md; real: a start, not tuned [ours])
     grad_clip: float = 1.0              # clip the gradient norm to this (0: off)
     clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low, by --loss (gspo: GSPO's own)
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high, by --loss

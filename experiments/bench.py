@@ -2,16 +2,16 @@
 Does D3S learn more with less? Train every method with every seed on a tiny world, side by side, and
 say with what confidence each one learns faster or slower than GRPO.
 
-    python bench.py --methods grpo,d3s --seeds 2 --steps 20 --jobs 2 --threads 1     # a few minutes
-    python bench.py --methods all --seeds 5 --jobs 2 --threads 1                     # a table like docs/study.md's
-    python bench.py --methods grpo,d3s --seeds 1 --steps 2 --prompts_per_step 2 --group_size 4  # smoke test
-    # the study's protocol (docs/study.md): each method's lr from a grid on tuning seeds 100, 101 ...
-    python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --out out/tune
+    python experiments/bench.py --methods grpo,d3s --seeds 2 --steps 20 --jobs 2 --threads 1     # a few minutes
+    python experiments/bench.py --methods all --seeds 5 --jobs 2 --threads 1                     # a table like experiments/study.md's
+    python experiments/bench.py --methods grpo,d3s --seeds 1 --steps 2 --prompts_per_step 2 --group_size 4  # smoke test
+    # the study's protocol (experiments/study.md): each method's lr from a grid on tuning seeds 100, 101 ...
+    python experiments/bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --out out/tune
     # ... then 8 reported seeds 0..7 with the chosen lrs, evaluated on the whole test split every 10 steps
-    python bench.py --methods grpo,d3s --tuned out/tune/tuned.json --seeds 8 --eval_size all --eval_every 10 \
+    python experiments/bench.py --methods grpo,d3s --tuned out/tune/tuned.json --seeds 8 --eval_size all --eval_every 10 \
         --out out/study
     # each method's (lr, K updates per rollout batch) from both grids
-    python bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4 --updates_grid 2,4 --seeds 2 --seed_start 100 \
+    python experiments/bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4 --updates_grid 2,4 --seeds 2 --seed_start 100 \
         --out out/tune-k
 
 The runs. Seeds are seed_start .. seed_start + N - 1. A seed fixes the prompts and their order
@@ -101,12 +101,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from machinery import config
 import d3s
-import tiny
+from machinery import tiny
 import train
-from data import load_problems
-from model import load_model
+from machinery.data import load_problems
+from machinery.model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
 STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "valid", "grad_norm", "t_gen", "t_upd",
@@ -546,7 +547,7 @@ def configs(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    command = "python bench.py " + " ".join(argv)
+    command = "python experiments/bench.py " + " ".join(argv)
     try:
         methods, cfgs = configs(args)
         saved = {cfg.out_dir: finished(cfg) for cfg in cfgs}

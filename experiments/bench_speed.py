@@ -2,10 +2,10 @@
 How fast is one training step? train.py (grpo, d3s) and TRL's GRPOTrainer on exactly the same model,
 prompts and settings, one after the other, in one run.
 
-    python bench_speed.py                                         # docs/speed.md's table (GSM8K, Qwen2.5 tokenizer)
-    python bench_speed.py --data_dir DATA --tokenizer FOLDER      # offline: local copies
-    python bench_speed.py --model tiny --dataset tiny --steps 3   # the tiny world, seconds
-    python bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda # a real model on a GPU
+    python experiments/bench_speed.py                                         # experiments/speed.md's table (GSM8K, Qwen2.5 tokenizer)
+    python experiments/bench_speed.py --data_dir DATA --tokenizer FOLDER      # offline: local copies
+    python experiments/bench_speed.py --model tiny --dataset tiny --steps 3   # the tiny world, seconds
+    python experiments/bench_speed.py --model Qwen/Qwen2.5-0.5B --device cuda # a real model on a GPU
 
 --model smollm2-135m-random (the default) is SmolLM2-135M's shape (a Llama: 30 layers, hidden 576, 9
 heads, 3 KV heads, MLP 1536, tied embeddings) with random weights and the vocabulary of --tokenizer,
@@ -45,6 +45,7 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 CONFIGS = ("train.py grpo", "train.py d3s", "train.py grpo (plain generate)", "TRL GRPOTrainer")
 
 # -----------------------------------------------------------------------------
@@ -131,8 +132,8 @@ def run_trl(args, folder):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from data import format_prompt, load_problems
-    from model import load_model
+    from machinery.data import format_prompt, load_problems
+    from machinery.model import load_model
     from rollout import stop_token_ids
     device = resolved_device(args.device)
     model, tok = load_model(folder, device="cpu", dtype="float32")
@@ -280,7 +281,7 @@ def main(argv=None):
     rows = summarize(results)
     memory = "GPU" if results[0]["device"] == "cuda" else "RSS"
     table = format_table(rows, memory)
-    command = "python bench_speed.py " + " ".join(argv)
+    command = "python experiments/bench_speed.py " + " ".join(argv)
     print(table)
     print(f"{command.strip()} | {results[0]['device']}, {results[0]['threads']} torch threads | median s/step over "
           f"steps 2..{args.steps}")

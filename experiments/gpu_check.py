@@ -17,9 +17,9 @@ the slowest case for generation (a trained model stops earlier). It never answer
 the rewards are bench_speed.py's seeded coin flips: with the real grader every advantage would be 0
 and train.py would skip every update, measuring nothing.
 
-    python scripts/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
-    python scripts/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA     # offline: local copies
-    python scripts/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 --data_dir ../shared/data
+    python experiments/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
+    python experiments/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA     # offline: local copies
+    python experiments/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 --data_dir ../shared/data
                                                     # a 2-layer model and a small batch, on a CPU, in a minute
 Extra arguments go to train.py (e.g. --generation static --micro_batch_size 8).
 """
@@ -33,12 +33,12 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_speed  # noqa: E402
-import config  # noqa: E402
-import model as models  # noqa: E402
+from experiments import bench_speed  # noqa: E402
+from machinery import config  # noqa: E402
+from machinery import model as models  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
-from data import format_prompt  # noqa: E402
+from machinery.data import format_prompt  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="a tokenizer folder or hub id (Qwen2.5's)")

@@ -1,5 +1,5 @@
 """
-GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU. docs/speed.md
+GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU. experiments/speed.md
 ("Memory by card size") holds this script's table and says which figure is measured and which counted.
 
 No GPU has been lent to this project. What train.py holds on a GPU is what it holds on a CPU under
@@ -26,11 +26,11 @@ statistics of its own). A step's peak, phase by phase:
               per token and layer (bf16 keys and values)
   computed    a whole model's figures from these (predict), and the settings for each card (settings_for)
 
-    python scripts/memory.py                        # one thread, about 3 minutes, 7.5 GB of RAM at most
-    python scripts/memory.py --json out/memory.json # also write every measurement and the table
-    python scripts/memory.py --table out/memory.json # the table again from those measurements, at once
-    python scripts/memory.py --rss_check            # the profiler's peak against a fresh process's RSS (30 s)
-    python scripts/memory.py --tokenizer DIR --data_dir DIR   # where ../shared is absent (defaults: ../shared)
+    python experiments/memory.py                        # one thread, about 3 minutes, 7.5 GB of RAM at most
+    python experiments/memory.py --json out/memory.json # also write every measurement and the table
+    python experiments/memory.py --table out/memory.json # the table again from those measurements, at once
+    python experiments/memory.py --rss_check            # the profiler's peak against a fresh process's RSS (30 s)
+    python experiments/memory.py --tokenizer DIR --data_dir DIR   # where ../shared is absent (defaults: ../shared)
 """
 import argparse
 import json
@@ -389,7 +389,7 @@ def fit_layers(points):
 
 def prompt_lengths(tokenizer, data_dir):
     """Token counts of every GSM8K train prompt as train.py formats it (data.format_prompt)."""
-    from data import format_prompt, load_problems
+    from machinery.data import format_prompt, load_problems
     rows = load_problems("gsm8k", "train", data_dir=data_dir)
     return [len(x) for x in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows])["input_ids"]]
 
@@ -496,7 +496,7 @@ def measure(tokenizer, data_dir, log=print):
 
     # 5. generation: the KV cache read from generate's own cache, and the transient per row
     t0, model = time.time(), build(1, s)
-    from data import format_prompt, load_problems
+    from machinery.data import format_prompt, load_problems
     questions = [r["prompt"] for r in load_problems("gsm8k", "train", limit=2, data_dir=data_dir)]
     prompts = [format_prompt(tokenizer, q) for q in questions]
     g = {rows: measure_generate(model, tokenizer, prompts, rows // 2, 16) for rows in (8, 16)}
@@ -526,7 +526,7 @@ def measure(tokenizer, data_dir, log=print):
 
 
 def table(coefficients, prompt_len, new_tokens, log=print):
-    """The settings and predicted peaks of every model size and card, as docs/speed.md prints them."""
+    """The settings and predicted peaks of every model size and card, as experiments/speed.md prints them."""
     rows, lengths = [], dict(prompt_len=prompt_len, new_tokens=new_tokens)
 
     def line(got):

@@ -1,9 +1,9 @@
 """
 Paired per-seed differences between two bench.py studies, method by method: B minus A, for the runs
 with the same method and seed (same seed = same prompts), with bench.py's 95% t intervals. Used by
-docs/study.md to compare K = 4 with K = 1, and GSPO with GRPO's loss.
+experiments/study.md to compare K = 4 with K = 1, and GSPO with GRPO's loss.
 
-    python scripts/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
+    python experiments/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
 
 Also prints, from each run's log.jsonl, the mean share of kept tokens the clip zeroed (clip_frac)
 and the mean min/max ratio over the steps: what several updates per batch did to the ratio.
@@ -14,7 +14,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import bench  # noqa: E402
+from experiments import bench  # noqa: E402
 
 
 def runs(study):
@@ -59,5 +59,5 @@ def main(a, b):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python scripts/paired.py STUDY_A STUDY_B  (two bench.py --out folders)")
+        sys.exit("usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)")
     main(*sys.argv[1:])

@@ -1,15 +1,15 @@
 """
 How far does one update move the weights, GRPO against D3S, and does AdamW cancel the token-mean divisor?
 
-    python scripts/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
-    python scripts/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
-    python scripts/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
-    python scripts/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...  # each tuned
+    python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
+    python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
+    python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
+    python experiments/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...  # each tuned
 
-The question (docs/study.md, section F). GRPO's loss is a mean over every token of the rollout batch,
+The question (experiments/study.md, section F). GRPO's loss is a mean over every token of the rollout batch,
 the tokens of groups whose rewards are all equal (advantage 0, nothing to learn) included, so its
 gradient shrinks with the share of groups that carry a signal; D3S's is a mean over the tokens it
-keeps, most of them with a signal, so its gradient is larger (docs/study.md, section A: about 1 / the
+keeps, most of them with a signal, so its gradient is larger (experiments/study.md, section A: about 1 / the
 share of tokens kept). Under SGD a larger gradient is a larger step. AdamW divides each parameter's
 update by a running root-mean-square of its gradient, so a gradient scaled by a constant gives the
 same step; but the running mean remembers earlier updates (beta2 0.999), so a gradient that is
@@ -43,7 +43,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import config  # noqa: E402
+from machinery import config  # noqa: E402
 import train  # noqa: E402
 
 SKIP = 5  # rollout batches left out of `show`'s numbers: AdamW's first, bias-corrected updates
@@ -105,7 +105,7 @@ def run(args):
                   f"{time.time() - t0:.0f}s", flush=True)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"model": args.model, "command": "python scripts/step_size.py " + " ".join(sys.argv[1:]),
+        json.dump({"model": args.model, "command": "python experiments/step_size.py " + " ".join(sys.argv[1:]),
                    "runs": runs}, f)
 
 

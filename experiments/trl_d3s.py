@@ -1,19 +1,19 @@
 """
 D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow one GPU.
-docs/trl.md tells the whole story: commands, logs, what is checked and what was never run.
+experiments/trl.md tells the whole story: commands, logs, what is checked and what was never run.
 
     # one GPU: train.py's real-model step, 32 prompts x 8 = 256 rollouts, in 4 micro-batches
-    python trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
+    python experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
         --max_steps 200 --per_device_train_batch_size 64 --gradient_accumulation_steps 4 \
         --num_generations 8 --max_completion_length 512 --learning_rate 1e-6 --lr_scheduler_type constant \
         --logging_steps 1
     # 8 GPUs: the same 256 rollouts a step, 32 per process, one micro-batch each
-    accelerate launch --num_processes 8 trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
+    accelerate launch --num_processes 8 experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
         --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 --per_device_train_batch_size 32 \
         --gradient_accumulation_steps 1 --num_generations 8 --max_completion_length 512 \
         --learning_rate 1e-6 --lr_scheduler_type constant --logging_steps 1
     # the offline tiny world on a CPU, to try it out (builds out/tiny once, like train.py)
-    python trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny --use_cpu true --bf16 false \
+    python experiments/trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny --use_cpu true --bf16 false \
         --max_steps 20 --per_device_train_batch_size 128 --num_generations 8 --max_completion_length 32 \
         --learning_rate 1e-4 --lr_scheduler_type constant --logging_steps 1 --gradient_checkpointing false
 
@@ -84,6 +84,7 @@ What is not the same as train.py:
     held-out accuracy during training (eval.py reads the saved folder); TRL's eval_strategy computes
     the plain GRPO loss on every rollout. Text-only models only.
 """
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
@@ -96,9 +97,10 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import shuffle_sequence_dict
 
-import d3s
-from data import format_prompt, load_problems
-from model import load_model
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+import d3s  # noqa: E402
+from machinery.data import format_prompt, load_problems
+from machinery.model import load_model
 from reward import grade
 from rollout import stop_token_ids
 

@@ -1,9 +1,9 @@
 """
 A tiny world's starting figures, the columns of tiny.py's table, measured on its warmed-up model:
 
-    python scripts/world_figures.py --world tiny-weak          # builds out/tiny-weak once, then measures
-    python scripts/world_figures.py --terms 4 --warmup_steps 200 --noise 0.85   # a candidate world
-    python scripts/world_figures.py --world tiny-weak --model out/grpo-tiny-weak/checkpoint  # after RL
+    python experiments/world_figures.py --world tiny-weak          # builds out/tiny-weak once, then measures
+    python experiments/world_figures.py --terms 4 --warmup_steps 200 --noise 0.85   # a candidate world
+    python experiments/world_figures.py --world tiny-weak --model out/grpo-tiny-weak/checkpoint  # after RL
 
   greedy      held-out accuracy, greedy, on the world's whole test split (what train.py's evaluation
               and bench.py --eval_size all measure)
@@ -34,10 +34,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import tiny  # noqa: E402
-from data import format_prompt  # noqa: E402
+from machinery import tiny  # noqa: E402
+from machinery.data import format_prompt  # noqa: E402
 from eval import evaluate  # noqa: E402
-from model import load_model  # noqa: E402
+from machinery.model import load_model  # noqa: E402
 
 GROUP, GROUPS = 8, 256  # the sampled figures: 8 answers to each of 256 training questions
 

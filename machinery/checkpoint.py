@@ -212,7 +212,7 @@ def out_of_memory(cfg, step, saved):
     that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
     gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
     lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} (or --gen_batch_size {max(1, gen // 2)}, "
-             f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; docs/speed.md has "
+             f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; experiments/speed.md has "
              f"settings by GPU memory)")
     if saved is None:
         return f"out of memory at step {step}, before any checkpoint; start again with less memory per pass: {lower}"

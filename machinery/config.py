@@ -29,9 +29,9 @@ import re
 import signal
 import sys
 
-import checkpoint
+from machinery import checkpoint
 import d3s
-import tiny
+from machinery import tiny
 from rollout import CACHES
 
 

@@ -126,7 +126,7 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
     name = str(name_or_path)
     kind = _kind(name, split)
     if kind == "tiny":
-        import tiny  # imported here: only the tiny world needs it, and it pulls in torch
+        from machinery import tiny  # imported here: only the tiny world needs it, and it pulls in torch
         return tiny.problems(split, limit, terms=tiny.world(name)["terms"])  # a named world (tiny.WORLDS)
     if kind == "file":
         rows = _file_split(name, split)[0]
@@ -153,7 +153,7 @@ def describe(name_or_path, split="train", data_dir=None):
     if kind == "file":
         return _file_split(name, split)[1]
     if kind == "tiny":
-        import tiny
+        from machinery import tiny
         tiny.world(name)  # an unknown world: tiny's one-line error
         return f"{name} {split} split (tiny.py holds 1 question in {tiny.TEST_SHARE} out, by a hash of its text)"
     if name == "math":

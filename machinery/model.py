@@ -102,7 +102,7 @@ def _resolve(name, cache_dir):
     """(folder or hub id to load from, whether it is a local folder)."""
     # a tiny world by name (tiny.WORLDS), built once
     if name == "tiny" or (name.startswith("tiny-") and not os.path.isdir(name)):
-        import tiny  # imported here: only the tiny world needs it
+        from machinery import tiny  # imported here: only the tiny world needs it
         tiny.world(name)  # an unknown world is a one-line error
         return tiny.pretrained(os.path.join(cache_dir, name), name=name), True
     if os.path.isdir(name):

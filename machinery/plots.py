@@ -2,9 +2,9 @@
 A run's pictures, so that a learner sees it learn and sees what D3S keeps, and one picture that puts
 runs side by side. train.py calls the first two at every evaluation.
 
-    python plots.py RUN                          # rebuild RUN/curves.png and RUN's selection pages
-    python plots.py RUN RUN [RUN ...]            # compare runs: one picture, out/compare.png
-    python plots.py RUN RUN --out PATH           # ... written to PATH instead
+    python -m machinery.plots RUN                          # rebuild RUN/curves.png and RUN's selection pages
+    python -m machinery.plots RUN RUN [RUN ...]            # compare runs: one picture, out/compare.png
+    python -m machinery.plots RUN RUN --out PATH           # ... written to PATH instead
 
 Each command prints the paths it wrote, one a line. A folder that is not a run is one line on stderr
 and exit code 2.
@@ -132,7 +132,7 @@ def plot_run(run_dir, history=None):
 
 
 # -----------------------------------------------------------------------------
-# runs side by side: `python plots.py RUN RUN ...`
+# runs side by side: `python -m machinery.plots RUN RUN ...`
 
 RATIOS = {"s_init": "sample", "s_final": "sample", "t_init": "token", "t_final": "token"}
 OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442"]
@@ -158,7 +158,7 @@ def run_labels(configs, names):
     """One label per run: "knob=value, ..." for each knob whose value differs between the runs' configs
     (config.json dicts; None: the run has none), in config order. A run without a config.json, or whose
     label would be empty or another run's, is named by its folder (names) as well."""
-    import config  # here: `import plots` needs no torch
+    from machinery import config  # here: `import plots` needs no torch
     # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed (where
     # the run is written, when it reports, where it runs, how it fits in memory), and the method and model,
     # which do change it: two runs that differ only in the others are the same run, so they label nothing
@@ -649,13 +649,13 @@ class OneLineParser(argparse.ArgumentParser):
     """A bad command line is one line on stderr and exit code 2, like a bad run folder."""
 
     def error(self, message):
-        print(f"plots.py: {message} (python plots.py --help)", file=sys.stderr)
+        print(f"plots.py: {message} (python -m machinery.plots --help)", file=sys.stderr)
         sys.exit(2)
 
 
 def parse_args(argv):
     parser = OneLineParser(
-        prog="python plots.py", description="One RUN: rebuild RUN/curves.png and RUN/selection.html (and its step "
+        prog="python -m machinery.plots", description="One RUN: rebuild RUN/curves.png and RUN/selection.html (and its step "
         "pages) from the run's files. Two or more: one picture comparing them (held-out accuracy against step and "
         "against tokens trained, mean reward, rollouts kept / generated, tokens trained / generated), each line "
         "labelled by what differs between the runs' config.json. Prints the paths it wrote.")
@@ -666,8 +666,8 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """`python plots.py RUN`: rebuild RUN/curves.png and the selection pages from RUN's files.
-    `python plots.py RUN RUN ... [--out PATH]`: the comparison picture. -> exit code (2: bad input)."""
+    """`python -m machinery.plots RUN`: rebuild RUN/curves.png and the selection pages from RUN's files.
+    `python -m machinery.plots RUN RUN ... [--out PATH]`: the comparison picture. -> exit code (2: bad input)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if len(args.runs) > 1:
         try:

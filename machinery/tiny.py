@@ -41,11 +41,11 @@ should matter more:
              answer is a carry the model made, which RL can reinforce: GRPO at its tuned lr 1e-4, K = 2
              takes the held-out accuracy from 7.0% to 43.2% in 100 steps (seeds 0-2, whole test split),
              and about half of each batch's groups still have all rewards equal at the end (0.58 over
-             the first 10 steps, 0.49 over the last 50); docs/study.md, section F. (Until issue 29
+             the first 10 steps, 0.49 over the last 50); experiments/study.md, section F. (Until issue 29
              tiny-weak was the default world with half the warm-up: a model that had not learned to
              add, 0.12 on the right digit of a plain step, right 10% of the time by luck; nothing
              learned from it.)
-Their starting points, measured by `python scripts/world_figures.py --world NAME` (seed 0, 1 CPU
+Their starting points, measured by `python experiments/world_figures.py --world NAME` (seed 0, 1 CPU
 thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256 training
 questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean test solutions,
 the mean probability of the right result digit on steps that do not and that do wrap past 9):

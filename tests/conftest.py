@@ -24,7 +24,7 @@ def tiny_dir():
     """The tiny world's warmed-up model as an HF folder: out/tiny, the folder `python train.py` builds and
     uses, so it is built once (~30 s on 2 cores) for the tests and the runs alike. tiny.pretrained rebuilds
     it when it is missing, incomplete or from another version of tiny.py. Tests read it, never write it."""
-    import tiny
+    from machinery import tiny
     (ROOT / "out").mkdir(exist_ok=True)
     with open(ROOT / "out" / "tiny.lock", "w") as lock:  # pytest's two processes (-n 2) build it once, in turn
         if fcntl is not None:
@@ -50,7 +50,7 @@ def weights(folder):
 
 def exit_2(argv, capsys):
     """`python train.py ARGV` in-process must exit with 2 and one line on stderr; returns that line."""
-    import config
+    from machinery import config
     import train
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)

@@ -13,8 +13,8 @@ import shutil
 import pytest
 import torch
 
-import bench
-import config
+from experiments import bench
+from machinery import config
 import train
 
 # -----------------------------------------------------------------------------

@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-import checkpoint
-import config
+from machinery import checkpoint
+from machinery import config
 import train
 from conftest import ROOT, exit_2, rows, weights
-from model import load_model
+from machinery.model import load_model
 
 # K = 2 (the mini-batch shuffle draws random numbers), an evaluation after every step, a checkpoint every 2
 KW = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=4, eval_every=1, save_every=2, updates_per_batch=2,
@@ -149,7 +149,7 @@ def test_out_of_memory_saves_what_it_can_and_resumes_with_less_memory(tmp_path, 
     assert e.value.code == 1 and len(err) == 1, err
     assert err[0] == (f"error: out of memory at step 1; the checkpoint holds the steps before 1; continue with less "
                       f"memory per pass: python train.py --resume {run_dir} --micro_batch_size 64 (or --gen_batch_size "
-                      f"8, --logprob_chunk 2048, --gradient_checkpointing true; docs/speed.md has settings by GPU "
+                      f"8, --logprob_chunk 2048, --gradient_checkpointing true; experiments/speed.md has settings by GPU "
                       f"memory)")
     monkeypatch.undo()
     config.main(train.Config, train.train, ["--resume", str(run_dir), "--micro_batch_size", "1",

@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import ROOT, SHARED, requires_shared
 
-import data
-from data import INSTRUCTION, describe, format_prompt, load_problems
+from machinery import data
+from machinery.data import INSTRUCTION, describe, format_prompt, load_problems
 from reward import last_boxed
 
 DATA = SHARED / "data"
@@ -343,7 +343,7 @@ def test_hub_offline_without_local_copy_fails_fast_in_one_line(tmp_path):
     # A fresh interpreter with an empty HF cache, offline, no data dir: nothing cached can answer.
     script = (
         "import json, sys, time\n"
-        "import data\n"
+        "from machinery import data\n"
         "cheap = 'datasets' not in sys.modules\n"
         "out = {'cheap_import': cheap}\n"
         "for key, data_dir in (('none', None), ('empty', sys.argv[1])):\n"

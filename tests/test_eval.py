@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-import data
-import tiny
+from machinery import data
+from machinery import tiny
 from conftest import ROOT, SHARED, requires_shared
 from eval import BENCHMARKS, evaluate, main, pass_at_k, pass_ks
-from model import load_model
+from machinery.model import load_model
 from reward import extract_answer, grade, score
 from rollout import generate_groups
 

@@ -1,14 +1,13 @@
-"""scripts/memory.py: the counts docs/speed.md's memory table rests on, checked against a real model."""
+"""experiments/memory.py: the counts experiments/speed.md's memory table rests on, checked against a real model."""
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import memory  # noqa: E402
+from experiments import memory  # noqa: E402
 
 TINY = dict(vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, tied=True)
-# the coefficients of one run of scripts/memory.py (docs/speed.md), to test the search with
+# the coefficients of one run of experiments/memory.py (experiments/speed.md), to test the search with
 MEASURED = {"plain_backward": 0.202, "head_with_weight_grad_per_position": 4.02, "head_weight_grad": 1.0,
             "embedding_backward": 3.0, "head_per_position": 12.0, "no_grad_decoder": 0.581,
             "entropy_head_per_position": 16.02, "checkpointed_per_token": 4.0, "checkpointed_backward": 1.116,

@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-import tiny
-import model
-from model import autocast, autocast_enabled, bf16_capable, hub_id, load_model, weight_dtype
+from machinery import tiny
+from machinery import model
+from machinery.model import autocast, autocast_enabled, bf16_capable, hub_id, load_model, weight_dtype
 
 
 def _same_weights(a, b):

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import d3s
-import plots
-import tiny
+from machinery import plots
+from machinery import tiny
 from conftest import ROOT
 from rollout import Rollouts
 
@@ -297,7 +297,7 @@ def test_bad_run_folder_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "selection").mkdir()
     (tmp_path / "selection" / "step_000001.json").write_text("{not json")
     for folder in [tmp_path / "missing", tmp_path]:
-        out = subprocess.run([sys.executable, str(ROOT / "plots.py"), str(folder)], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "machinery.plots", str(folder)], cwd=ROOT, capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, out.stderr
     empty = tmp_path / "empty"
@@ -427,7 +427,7 @@ def test_curves_name_each_token_share_by_its_denominator():
 
 def resolved(**knobs):
     """config.json as train.py writes it for these knobs."""
-    import config
+    from machinery import config
     import train
     return dataclasses.asdict(config.resolve(train.Config(**knobs)))
 

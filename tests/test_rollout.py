@@ -11,7 +11,7 @@ import torch
 from conftest import SHARED, requires_shared
 
 import rollout
-import tiny
+from machinery import tiny
 
 PROMPTS = ["Question: 3+8+5+9\nAnswer:", "Question: 1+2\nAnswer:", "Question: 12+7+1+40+6\nAnswer:", "Q:"]
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-import tiny
+from machinery import tiny
 
 
 def digest(rows):

@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import config
+from machinery import config
 import d3s
-import tiny
+from machinery import tiny
 import train
 from conftest import ROOT, exit_2, rows, weights
-from data import load_problems
+from machinery.data import load_problems
 
 SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2,
              updates_per_batch=1, lr=1e-4)  # the values these tests were written at (defaults: K = 4, lr 5e-5)
@@ -236,8 +236,8 @@ def test_backward_skips_a_minibatch_without_signal_unless_there_is_a_kl_term(tin
     """The mini-batch rule: kept tokens whose advantages are all 0 give exactly zero gradient with
     beta = 0, so backward takes no step (as for a mini-batch with no kept token); with beta > 0 the KL
     to a reference that differs from the policy has a gradient, and the mini-batch is trained."""
-    from data import format_prompt
-    from model import load_model
+    from machinery.data import format_prompt
+    from machinery.model import load_model
     from rollout import generate_groups
     model, tok = load_model(tiny_dir, device="cpu", dtype="float32")
     kept = generate_groups(model, tok, [format_prompt(tok, "1+2+3+4")], 4, 8, seed=0, record_entropy=True)
@@ -380,7 +380,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir)
     out = train.optimizer_step(model, optimizer, 1.0, 0.3)
     assert (out["applied"], out["nonfinite"]) == (False, 1) and all(torch.equal(p, q) for p, q in zip(params, before))
     # the log counts only the applied update's tokens; the skipped step's gradient norm is a gap, not 0
-    from logs import step_record
+    from machinery.logs import step_record
     from rollout import Rollouts
     mask = torch.ones(2, 3, dtype=torch.bool)
     ro = Rollouts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 3,
@@ -397,7 +397,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir)
             {"no_answer": 0})
     row = step_record(*args, updates)
     assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
-    from logs import step_line
+    from machinery.logs import step_line
     line = step_line(dict(row, t_gen=0, t_upd=0, kept=4), 4)  # 4 mini-batches: one had nothing to learn
     assert "updates 1/4 (1 no signal, 1 zero grad, 1 non-finite)" in line
     skipped = step_record(*args, [])

@@ -20,9 +20,9 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 import d3s
-import tiny
-import trl_d3s
-from trl_d3s import D3SConfig, D3STrainer, process_shares
+from machinery import tiny
+from experiments import trl_d3s
+from experiments.trl_d3s import D3SConfig, D3STrainer, process_shares
 
 G, T = 4, 6  # group size; completion width of the synthetic batches
 DATASET = Dataset.from_list([{"prompt": f"Question: {a}+{b}\nAnswer:", "answer": str((a + b) % 10)}

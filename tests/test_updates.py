@@ -4,14 +4,14 @@ Each test compares against a hand-written reference: the plain full-width comput
 import pytest
 import torch
 
-import config
+from machinery import config
 import d3s
 import rollout
-import tiny
+from machinery import tiny
 import train
 from conftest import rows, weights
-from data import format_prompt, load_problems
-from model import load_model
+from machinery.data import format_prompt, load_problems
+from machinery.model import load_model
 from reward import score
 
 SMALL = dict(steps=2, prompts_per_step=4, group_size=4, eval_size=4, eval_every=100, save_every=100,
