@@ -20,8 +20,9 @@ experiments/trl.md tells the whole story: commands, logs, what is checked and wh
 Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance_sampling_level
 sequence, ...), plus the D3S knobs under train.py's names and defaults: --method (a name of
 d3s.METHODS), --s_init --s_final --t_init --t_final. As in train.py, a ratio the method ignores is
-refused (--method grpo --s_init 0.5: one line on stderr, exit code 2). The math is d3s.py's; this
-file only wires it into TRL's step.
+refused (--method grpo --s_init 0.5: one line on stderr, exit code 2). [ours] --disable_dropout
+defaults to true (TRL: false), as train.py: with dropout the first mini-batch's ratio is not 1. The
+math is d3s.py's; this file only wires it into TRL's step.
 
 TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the steps):
     TRL generates a generation batch of B = per_device_train_batch_size x processes x
@@ -103,6 +104,7 @@ from machinery.data import format_prompt, load_problems
 from machinery.model import load_model
 from reward import grade
 from rollout import stop_token_ids
+from train import disable_dropout
 
 # The per-rollout tensors of TRL's scored batch (text-only): left-padded prompt columns, right-padded
 # completion columns, one value per rollout. Anything else (images, ...) is refused.
@@ -126,6 +128,9 @@ class D3SConfig(GRPOConfig):
     t_init: float = field(default=0.2, metadata={"help": "rho_t at the first step: share of kept rollouts' "
                                                          "tokens kept [ours]"})
     t_final: float = field(default=0.6, metadata={"help": "rho_t at the last step [ours]"})
+    # [ours] TRL's default is False. With dropout the first mini-batch's ratio is not 1 and one seed
+    # gives two runs (docs/algorithm.md, "No dropout"): off, as in train.py
+    disable_dropout: bool = field(default=True, metadata={"help": "no dropout in the policy, as train.py"})
 
     def __post_init__(self):
         super().__post_init__()
@@ -232,6 +237,8 @@ class D3STrainer(GRPOTrainer):
             raise TypeError(f"D3STrainer needs a D3SConfig, got {type(self.args).__name__}")
         if self._is_vlm:
             raise ValueError("D3STrainer supports text-only models; multimodal inputs are not handled")
+        if self.args.disable_dropout:  # TRL's own switch misses Qwen2's attention dropout, a float
+            disable_dropout(self.model)
         self.method = d3s.METHODS[self.args.method]  # dict(sample=..., token=..., schedule=...)
         self._rewards_per_func = None  # (B, reward functions), every process's rollouts
 

@@ -17,6 +17,7 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import gather_object
 from datasets import Dataset
+from transformers import HfArgumentParser
 from trl import GRPOConfig, GRPOTrainer
 
 import d3s
@@ -334,6 +335,25 @@ def test_dropped_rollouts_are_not_forwarded(tmp_path, method, with_grad, without
     trainer.model.register_forward_pre_hook(count, with_kwargs=True)
     trainer.train()  # one step: 4 prompts x G = 16 rollouts
     assert rows == {True: with_grad, False: without_grad}
+
+
+def test_dropout_is_off_by_default(tmp_path):
+    # as train.py: with dropout the first mini-batch's ratio is not 1, and one seed gives two runs
+    parser = HfArgumentParser((trl_d3s.ScriptArguments, D3SConfig))
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "true"]
+    assert parser.parse_args_into_dataclasses(argv)[1].disable_dropout
+    assert not parser.parse_args_into_dataclasses(argv + ["--disable_dropout", "false"])[1].disable_dropout
+    model = tiny.build_model(tiny.build_tokenizer(), hidden_size=32, num_layers=1)
+    model.config.attention_dropout = 0.5  # Qwen2's dropout: a float on each attention module
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    model.train()
+    assert not torch.equal(model(ids).logits, model(ids).logits)  # dropout acts
+    trainer = make_trainer(tmp_path, model=model)
+    assert trainer.model.training and model.config.attention_dropout == 0.0
+    torch.testing.assert_close(model(ids).logits, model(ids).logits, rtol=0, atol=0)
 
 
 def test_two_step_run_follows_the_schedule(tmp_path):
