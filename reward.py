@@ -1,68 +1,22 @@
 r"""
-Rewards: pull the final answer out of a completion and grade it against the reference.
-
-D3S step 2 (docs/algorithm.md): r_i in {0, 1}, 1 when the final answer in the completion equals the
-reference answer; parse failures score 0 and are counted. Three public functions, in the order the
-training loop meets them:
+Rewards, D3S step 2 (docs/algorithm.md): r_i = 1 when the final answer written in completion i
+equals the reference answer, else 0; a completion with no answer scores 0 and is counted.
 
     extract_answer(text, truncated=False) -> str | None   the final answer written in a completion
     grade(text, reference, truncated=False) -> float      1.0 right, 0.0 wrong or no answer
-    score(completions, references, truncated=None)        the batch version, with counts of what happened
+    score(completions, references, truncated=None)        a step's rewards, with counts of outcomes
 
-plus last_boxed(text), which data.py also uses to read MATH's reference answers out of solutions.
-
-Truncated completions [ours]. A rollout that hit max_new_tokens without a stop token (rollout.py's
-`truncated`) is graded only on an explicit, finished answer: a closed \boxed{...}, or a `####`
-number whose line has ended. "The answer is ..." and the last number anywhere do not count for it.
-Those two fallbacks are for completions that ended on their own; in one cut off mid-reasoning, the
-last number is whatever intermediate result came last, and it equals the reference often enough
-(a repeated quantity, a partial sum) to matter. In D3S terms: such a rollout would get r_i = 1 and,
-in a group with wrong answers, a positive advantage A_i = (r_i - mean) / std; D3S's sample level
-keeps exactly the high-|A| rollouts and its token level the high-|A| x entropy tokens, so it would
-reinforce rambling up to the token limit. Under the rule it gets r_i = 0: a negative advantage in a
-group where some rollout answered correctly (the policy is pushed to finish and answer), and no
-signal (A = 0) in a group where all are wrong. A truncated rollout that did box its answer keeps it.
-
-Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, and those
-compare as exact fractions in pure Python, in microseconds: an integer, a decimal, a/b, \frac{a}{b}
-or a mixed number (3 1/2 = 3\frac{1}{2} = 7/2), with $, %, commas and degrees allowed, and words
-after it [ours]. A word there is dropped only when it is a unit or a noun (18 dollars, 15 cm^2,
-42 apples); a scale word multiplies (1.5 million = 1500000, 2 dozen = 24); any other word may be
-mathematics (a single letter, i, e, pi, xy, sin, theta), and then the answer is no plain number, so
-nothing mathematical is ever dropped: 2\mathrm{i}, 2 pi and 2 xy are not 2. Everything else (LaTeX,
-expressions, intervals, tuples, matrices) goes through math-verify, which parses both sides into
-sympy and compares them symbolically. Its own unit stripping is switched off (it dropped any
-trailing \text{}, single letters and "ab"); a trailing unit is dropped there by the rule above
-(8\sqrt{3}\text{ square inches} = 8\sqrt{3}). sympy can run for seconds or forever on a hostile input
-(`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs, so that path has two fences:
-cheap checks that send long, deeply nested or huge-number answers to a plain string comparison,
-and, on the main thread, a wall-clock deadline. math-verify's own timeouts use signal.alarm (whole
-seconds, main thread only; in a worker thread they raise), so we switch them off and keep our own.
+[ours] A truncated rollout (it hit max_new_tokens without a stop token) counts only an explicit,
+finished answer (a closed \boxed{}, a `####` number whose line has ended), never its last number:
+cut off mid-reasoning, that is an intermediate result, equal to the reference often enough to earn
+r_i = 1 and a positive advantage, and D3S keeps exactly the high-|A| rollouts and high |A| x entropy
+tokens, so it would reinforce rambling up to the token limit. How two answers are compared is
+machinery/grader.py; the rules and their examples are docs/grading.md. last_boxed also reads MATH's
+reference answers out of its solutions (machinery/data.py).
 """
-import logging
 import re
-import signal
-import sys
-import threading
-from fractions import Fraction
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig, parse, verify
-
-# -----------------------------------------------------------------------------
-# Limits. The grader must return within a second on any completion.
-
-REL_TOL = 1e-6            # a rounded decimal equals a fraction when |a - b| <= REL_TOL * max(|a|, |b|) [ours]
-MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53 [ours]
-MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only [ours]
-DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison [ours]
-RETRY_S = 0.02            # after the deadline, the alarm repeats this often until it lands (_with_deadline)
-
-# We enforce our own time limits (see _with_deadline); math-verify's warnings that its own are
-# off, and its per-timeout warnings, would only repeat that on every call.
-logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-# -----------------------------------------------------------------------------
-# Finding the answer in a completion
+from machinery.grader import canonical, compare
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # not `\boxedsymbol`
 _BARE = re.compile(r"[^\s$]+")  # `\boxed 5`: up to whitespace or `$`
@@ -74,25 +28,17 @@ def last_boxed(text):
     Also accepts the brace-less form `\\boxed 5` (MATH solutions use it now and then), whose
     content runs to the next whitespace or `$`. A last box that never closes (a completion cut off
     mid-answer) gives None rather than an earlier box: the model had not finished answering.
-    data.py uses this to read MATH's reference answers out of its solutions.
     """
-    last = None
-    for last in _BOX.finditer(text):
-        pass
-    if last is None:
-        return None
-    box = _box_content(text, last.end())
+    boxes = list(_BOX.finditer(text))
+    box = _box_content(text, boxes[-1].end()) if boxes else None
     return None if box is None else box[0]
 
 
 def _box_content(text, i):
     """(content, runs_to_end) of the box whose command ends at text[i], or None if it never closes.
-
     runs_to_end: a brace-less box (`\\boxed 5`) whose content stops only at the end of the text, so
-    a completion cut off there may have lost the rest of it ("5" of "56").
-    """
-    n = len(text)
-    j = i
+    a completion cut off there may have lost the rest of it ("5" of "56")."""
+    n, j = len(text), i
     while j < n and text[j] in " \t":
         j += 1
     if j < n and text[j] == "{":
@@ -114,35 +60,22 @@ def _box_content(text, i):
     return (m.group(0), m.end() == n) if m else None
 
 
-# A number as people write one in running text: -12, 1,234.5, .5, 3/4, a mixed number 3 1/2, and
-# the scale words after it (1.5 million, 2 dozen), which _as_number reads as multipliers: "the answer
-# is 1.5 million" is 1500000, not 1.5. A minus sign counts only where it cannot be subtraction (not
-# right after a digit, letter or closing bracket).
+# A number in running text: -12, 1,234.5, .5, 3/4, a mixed number 3 1/2, and the scale words after
+# it, which the grader reads as multipliers ("the answer is 1.5 million" is 1500000, not 1.5). A
+# minus sign counts only where it cannot be subtraction (not after a digit, letter or bracket).
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?"
     r"(?:\d+[ \t]+\d+/\d+(?![\d/]|\.\d)"                                     # 3 1/2
-    r"|(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?)"  # 1,234.5, .5, 3/4
+    r"|(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?)"  # 1,234.5, 3/4
     r"(?:[ \t]+(?i:hundred|thousand|million|billion|trillion|dozen)s?\b)*")   # 1.5 million
 _HASHES = "####"
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-# "$18." or "$18 each" is money, not the start of a $...$ span: a number after the `$` that is
-# followed by neither the closing `$` nor anything mathematical. The whole number must be followed so,
-# not a prefix of it ("$1," of "$1,000$", "$18" of "$18.5$"): the lookahead captures the longest number
-# and \1 consumes exactly that, with no backtracking into it. (An atomic group `(?>...)` says the same
-# but needs Python 3.11; a lookahead is atomic in every version.)
+# "$18." or "$18 each" is money, not a $...$ span: a number after the `$` followed by neither the
+# closing `$` nor anything mathematical. The whole number must be followed so, not a prefix ("$1,"
+# of "$1,000$"): the lookahead captures the longest number and \1 consumes exactly that, with no
+# backtracking into it (an atomic group says the same, but only from Python 3.11).
 _CURRENCY = re.compile(r"\$(?=(\d[\d,]*(?:\.\d+)?))\1(?![\d$\\^_{}/*+=A-Za-z])")
-
-
-def _first_number(text, start, stop=None):
-    m = _NUMBER.search(text, start, len(text) if stop is None else stop)
-    return m.group(0) if m else None
-
-
-def _check_truncated(truncated):
-    if truncated not in (True, False):  # also lets numpy / tensor bools through
-        raise ValueError(f"truncated must be True or False, got {truncated!r}; pass rollouts.truncated, "
-                         f"one flag per completion")
 
 
 def extract_answer(text, truncated=False):
@@ -153,27 +86,23 @@ def extract_answer(text, truncated=False):
     2. the number after the last `####` (GSM8K's own format);
     3. what follows the last "the answer is": a $...$ / \\(...\\) span right after it, else the
        first number on the rest of that line;
-    4. the last number anywhere in the text.
-    A number in rules 2-4 includes a mixed number (3 1/2) and the scale words after it (1.5 million),
-    so that prose is read as a box would be.
-    [ours] An empty box (`\\boxed{}`, `\\boxed{ $ $ }`: a model repeating the instruction) is skipped
-    as if it were not there, so an earlier real box, or rules 2-4, still find the answer. A box that
-    never closes (cut off at max_new_tokens) gives None, not an earlier box or rules 2-4: the model
-    had not finished writing its answer, and the last number before the cut is a guess.
+    4. the last number anywhere in the text (3 1/2 and 1.5 million are numbers, as in a box).
+    [ours] An empty box (`\\boxed{}`, `\\boxed{ $ $ }`) is skipped as if it were not there. A box
+    that never closes (cut off at max_new_tokens) gives None: the model had not finished writing.
     truncated: the completion hit max_new_tokens without a stop token. Then only rules 1 and 2
-    apply, and rule 2 only when the `####` line has ended (a newline follows its number), since the
-    number itself may have been cut ("1,0" of "1,080"); likewise a brace-less box must not run into
-    the end of the text. See the module docstring for what this does to rewards and advantages.
+    apply, and rule 2 only when the `####` line has ended (the number itself may have been cut:
+    "1,0" of "1,080"); likewise a brace-less box must not run into the end of the text.
     """
     if not isinstance(text, str):
-        raise ValueError(f"text must be a str, got {type(text).__name__}; decode the completion first")
+        raise ValueError(f"text must be a str, got {type(text).__name__}; "
+                         f"decode the completion first")
     _check_truncated(truncated)
     for box in reversed(list(_BOX.finditer(text))):  # the last box first
         content = _box_content(text, box.end())
         if content is None:
             return None  # this box never closed: cut off mid-answer
         content, runs_to_end = content
-        if _canonical(content):
+        if canonical(content):
             return None if truncated and runs_to_end else content.strip()
         # an empty box: try the one before it
     i = text.rfind(_HASHES)
@@ -194,361 +123,47 @@ def extract_answer(text, truncated=False):
             if span:
                 return span
         eol = text.find("\n", j)
-        num = _first_number(text, j, eol if eol >= 0 else None)
-        if num is not None:
-            return num
-    last = None
-    for last in _NUMBER.finditer(text):
-        pass
-    return last.group(0) if last else None
+        m = _NUMBER.search(text, j, len(text) if eol < 0 else eol)  # on the rest of that line
+        if m:
+            return m.group(0)
+    numbers = list(_NUMBER.finditer(text))
+    return numbers[-1].group(0) if numbers else None
 
-# -----------------------------------------------------------------------------
-# Comparing an answer with the reference
-
-# Wrappers that never change a value: math mode, spacing commands, \left/\right, \displaystyle.
-_NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
-# A text box is unwrapped into its words, with a space on either side, so that `3\text{i}` reads as
-# "3 i" (a number and a letter) and `\text{18 dollars}` as "18 dollars"; what the words are worth is
-# decided word by word below. Nothing is dropped here.
-_TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
-
-# Words after a number [ours]. A plain number may be followed by words, and each word is one of:
-#   a scale word, an exact multiplier, written right after the number: 1.5 million = 1500000,
-#     2 dozen = 24, 5 million != 5. (Not "k": a single letter is as often a variable, so `5k` is no
-#     plain number and math-verify reads it as 5k.)
-#   a unit or another noun, which is dropped: 18 dollars = 18, 15 cm^2 = 15, 42 apples = 42;
-#   anything else, which may be mathematics: then the answer is no plain number and math-verify
-#     decides (2 \mathrm{i}, 2 pi and 2 xy are not 2).
-# A word counts as a unit only when it cannot be mathematics: it is a listed abbreviation
-# (_UNITS), or it has four letters or more and is no function, Greek letter, constant or
-# value-changing word (_MATH_WORDS, _FUNCTION_OF). Single letters are variables or constants (x,
-# i, e). Other words of two or three letters are ambiguous, a product of variables (xy, ab, mn) as
-# likely as a unit, and we decide conservatively: not a unit, so that the answer is not a plain
-# number and math-verify, which does not strip them either (see _EXTRACTION), decides. The cost is
-# a false negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
-_SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
-           "trillion": 10 ** 12, "dozen": 12}
-# "sec" and "min" are seconds and minutes here: right after a number, with no argument, they cannot
-# be the functions. "per" and "of" join unit words (5 miles per hour, 3 cups of flour).
-_UNITS = frozenset("mm cm dm km in ft yd mi mg kg lb lbs oz ml cl dl gal qt pt cc ms sec secs min mins "
-                   "hr hrs wk wks yr yrs mph kph kmh sq cu deg rad usd per of".split())
-_MATH_WORDS = frozenset(  # words of four letters or more that name mathematics, not a thing counted
-    "alpha beta gamma delta epsilon varepsilon zeta theta vartheta iota kappa lambda sigma upsilon "
-    "varphi omega omicron infty infinity sqrt frac cdot times sine cosine tangent "
-    "half halves third thirds quarter quarters fourth fourths fifth fifths sixth sixths seventh "
-    "sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth thousandths "
-    "millionth millionths billionth billionths squared cubed factorial".split())
-# A function name, alone or applied to one letter: sin, sinh, arcsin, sinx, cosh, logx, lnx, sqrtx.
-_FUNCTION_OF = re.compile(r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?[a-z]?|(?:log|ln|lg|exp|sqrt)[a-z]?")
-
-
-def _scale(word):
-    """The multiplier a scale word stands for (million: 10^6, millions too), else None."""
-    w = word.lower()
-    return _SCALES.get(w) or _SCALES.get(w[:-1] if w.endswith("s") else w)
-
-
-def _is_unit(word):
-    """True when a word after a number is a unit or a noun, to be dropped; see above."""
-    w = word.lower()
-    if _scale(w):
-        return False  # a multiplier, never dropped
-    if w in _UNITS:
-        return True
-    return len(w) >= 4 and w not in _MATH_WORDS and not _FUNCTION_OF.fullmatch(w)
-
-
-_WORD = re.compile(r"([A-Za-z]+)\.?(\s*\^\s*(?:\d|\{\s*\d\s*\}))?")  # cm, sq., cm^2, cm^{2}
-
-
-def _words_factor(words):
-    """What the words after a number multiply it by (a Fraction), or None when one may be math.
-
-    A scale word multiplies only before any unit; after one it is part of the unit ("5 dollars per
-    dozen" is 5). An exponent belongs to a unit only ("15 cm^2" is 15; "5 million^2" we do not read)."""
-    factor, seen_unit = Fraction(1), False
-    for word, power in _WORD.findall(words):
-        if _scale(word) and not seen_unit and not power:
-            factor *= _scale(word)
-        elif _is_unit(word) or (_scale(word) and seen_unit):
-            seen_unit = True
-        else:
-            return None
-    return factor
-
-
-_PLAIN = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"  # 18, 1,000, 18.50, 5., .5
-_SIGNED = r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*"  # an optional "x =", then the sign
-# Words after the number, separated by spaces (a space before the first is optional: 15cm). Two
-# words always need a space between them, so a run of letters is one word and the pattern never
-# backtracks into splitting it. An exponent belongs to a word only: "2^3" is no plain number
-# (math-verify makes it 8).
-_W = r"[A-Za-z]+\.?(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?"
-_WORDS = rf"((?:\s*{_W}(?:\s+{_W})*)?)\s*\.?"
-_FRAC = r"\\[dt]?frac\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))"
-# The forms of a plain number. In each, group 1 is the sign and the last group the words after it.
-_AS_NUMBER = re.compile(rf"{_SIGNED}({_PLAIN}){_WORDS}")                       # 18, -1,000.5
-_AS_SLASH = re.compile(rf"{_SIGNED}({_PLAIN})\s*/\s*({_PLAIN}){_WORDS}")        # 3/4, 1.5/2
-_AS_FRAC = re.compile(rf"{_SIGNED}{_FRAC.format(sign='[+-]?')}{_WORDS}")        # \frac{3}{4}, \frac34
-# [ours] A mixed number: a whole number, then a proper fraction of positive integers, with a space
-# before a/b (3 1/2) and none needed before \frac (3\frac{1}{2}, as MATH writes it). It means
-# 3 + 1/2 = 7/2, as in GSM8K's and MATH's solutions; a plain-number answer has no other reading.
-_AS_MIXED = re.compile(rf"{_SIGNED}(\d+)(?:\s+(\d+)/(\d+)|\s*{_FRAC.format(sign='')}){_WORDS}")
-
-
-def _as_number(s):
-    """(exact value as a Fraction, written with decimals) when s is a plain number, else None.
-
-    A plain number: an integer, a decimal, a/b, \\frac{a}{b} or a mixed number, with $, %, commas,
-    degrees and "x =" allowed, and after it only scale words and units (see _words_factor). This is
-    the fast path: no sympy, a few microseconds."""
-    if len(s) > 60:
-        return None  # no plain number is this long; also keeps int() below its digit limit
-    s = _NOISE.sub("", s.replace("\\$", "")).replace("{,}", ",").replace("\\%", "").replace("%", "")
-    s = _TEXT_BOX.sub(r" \1 ", _DEGREES.sub("", s)).strip()
-    s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
-    if m := _AS_MIXED.fullmatch(s):
-        whole, num, den = (int(x) for x in m.groups()[1:-1] if x is not None)
-        if not 0 < num < den:
-            return None  # "3 4/2" is no mixed number we know; math-verify decides
-        value, decimals = whole + Fraction(num, den), False
-    elif m := _AS_NUMBER.fullmatch(s):
-        value, decimals = Fraction(m[2].replace(",", "")), _DECIMALS.search(m[2]) is not None
-    elif m := _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s):
-        num, den = (x.replace(",", "") for x in m.groups()[1:-1] if x is not None)
-        if Fraction(den) == 0:
-            return None
-        value, decimals = Fraction(num) / Fraction(den), any(_DECIMALS.search(x) for x in (num, den))
-    else:
-        return None
-    factor = _words_factor(m.groups()[-1])
-    if factor is None:
-        return None
-    return (-value if m[1] == "-" else value) * factor, decimals
-
-
-_DECIMALS = re.compile(r"\.\d")  # "0.5", ".5"; not "5." (an integer with a full stop)
-
-
-def _numbers_equal(a, b):
-    """Two plain numbers from _as_number, each (value, written with decimals), compared.
-
-    Exactly, as fractions: integers (1000001 is not 1000000), exact decimals (0.1 = 1/10, 18.50 =
-    18.5) and fractions of integers. [ours] The one exception: a number written with decimals
-    against a fraction that has no finite decimal expansion (1/3, 2/7: a denominator with a prime
-    factor other than 2 and 5). That decimal can only be a rounding, so it is equal within the relative
-    tolerance REL_TOL (0.3333333 = 1/3, 0.3333 is not). Two decimals never get the tolerance: each
-    is exactly what it says.
-    """
-    (x, x_decimal), (y, y_decimal) = a, b
-    if x == y:
-        return True
-    rounded = (x_decimal and not _terminates(y)) or (y_decimal and not _terminates(x))
-    return rounded and abs(x - y) <= REL_TOL * max(abs(x), abs(y))
-
-
-def _terminates(q):
-    """True when the Fraction q has a finite decimal expansion: its denominator is 2^i 5^j."""
-    d = q.denominator
-    for p in (2, 5):
-        while d % p == 0:
-            d //= p
-    return d == 1
-
-
-def _canonical(s):
-    """A spelling-insensitive form of a LaTeX answer, for a cheap exact-string check."""
-    s = _NOISE.sub("", s.replace("\\$", ""))
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = _DEGREES.sub("", s)
-    s = re.sub(r"\\(?:text|mbox|textbf|mathrm)\s*\{([^{}]*)\}", r"\1", s)
-    return re.sub(r"\s+", "", s).rstrip(".")
-
-
-_HUGE = re.compile(
-    r"\^\s*\{?\s*[+-]?\d{4,}"          # an exponent of 1000 or more
-    r"|\^\s*\{[^{}]*\^"               # a tower a^{b^c}
-    r"|\d{4,}\s*!|\\binom\s*\{?\s*\d{4,}"  # a factorial or binomial of 1000 or more
-    r"|[\w)}\]]\s*!\s*!"                 # n!!: math-verify reads (n!)!, and 5!!! is (120!)!
-    r"|\*\*"                           # python-style power: the same risks, unparsed by LaTeX rules
-)
-
-
-def _too_risky(s):
-    """True when sympy might spend far too long on s, so we compare it as a string only.
-    These are cheap fences for where no deadline can be set (a worker thread); they do not bound
-    every slow sympy simplification (a (x+y+z)^{20} can take seconds there)."""
-    if len(s) > MAX_SYMBOLIC_CHARS or _HUGE.search(s):
-        return True
-    depth = deepest = 0
-    for c in s:
-        if c in "{([":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "})]":
-            depth -= 1
-    return deepest > MAX_NESTING
-
-
-class _OutOfTime(BaseException):
-    """Raised by our SIGALRM handler. A BaseException, so that math-verify's and sympy's
-    `except Exception` blocks cannot swallow it."""
-
-
-def _with_deadline(fn, seconds):
-    """fn(), interrupted after `seconds` of wall-clock time with _OutOfTime.
-
-    Only the main thread can receive signals; in any other thread fn runs unfenced and the
-    _too_risky checks are the only protection. The same when someone else's SIGALRM timer is
-    already running (pytest-timeout, the caller's own): we leave theirs alone rather than clobber it.
-    """
-    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
-            or signal.getitimer(signal.ITIMER_REAL)[0] > 0 or signal.getsignal(signal.SIGALRM) is None):
-        return fn()
-
-    def on_alarm(signum, frame):
-        raise _OutOfTime()
-
-    # [ours] The handler raises wherever the interpreter happens to be, and Python ignores an exception
-    # raised inside a weakref callback or a __del__; sympy's caches fire such callbacks all the time, so
-    # in a process with a large heap about one alarm in two was swallowed and sympy ran on unfenced (1.8 s
-    # for a 0.5 s deadline, measured in the full test suite). So the alarm repeats every RETRY_S until one
-    # lands, and the swallowed ones are not reported as "Exception ignored".
-    old, hook = signal.signal(signal.SIGALRM, on_alarm), sys.unraisablehook
-    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, _OutOfTime) else hook(u)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, seconds, RETRY_S)
-        try:
-            return fn()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    finally:  # again: an alarm may have cut the line above short (the next one is RETRY_S away)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        sys.unraisablehook = hook
-
-
-# math-verify's default extraction (LaTeX, then plain expressions), with its unit stripping switched
-# off. That step removes any trailing \text{...} or \mathrm{...} whatever it says, and a list of
-# "units" that includes single letters (c, d, g, h, l, m, s, t) and "ab": it graded 2\mathrm{i},
-# 3\text{i}, 2\mathrm{e}, 2c and 2 ab equal to 2 and 3. _for_sympy drops units by our rule instead.
-_EXTRACTION = [LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
-    basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False)),
-    ExprExtractionConfig()]
-# The words at the end of an answer: a text box of words, or bare words not glued to a command or a
-# letter before them (`\pi inches`, not the "pi" of `\pi`); an exponent may follow.
-_TRAILING_WORDS = re.compile(
-    r"(?:\\(?:text|mbox|textrm|mathrm)\s*\{([A-Za-z .]*)\}|(?<![\\A-Za-z])([A-Za-z]+(?:\s+[A-Za-z]+)*))"
-    r"(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?\s*\.?\s*$")
-_ROMAN_CONSTANT = re.compile(r"\\(?:text|mathrm|textrm|mbox)\s*\{\s*([ie])\s*\}")  # \mathrm{i}, \text{e}
-
-
-def _for_sympy(s):
-    """s as math-verify should see it. The words at its end are dropped when every one is a unit by
-    _is_unit and something is left (8\\sqrt{3}\\text{ square inches} is 8\\sqrt{3}; \\text{Evelyn} and
-    2\\sqrt{2}\\text{ million} stay whole), and \\mathrm{i}, \\text{e} become the constants i and e."""
-    m = _TRAILING_WORDS.search(s)
-    if m and s[:m.start()].strip():
-        words = re.findall(r"[A-Za-z]+", m[2] if m[1] is None else m[1])
-        if all(_is_unit(w) for w in words):
-            s = s[:m.start()]
-    return _ROMAN_CONSTANT.sub(r" \1 ", s)
-
-
-_warmed_up = False
-
-
-def _symbolic_equal(answer, reference):
-    """math-verify's verdict on two LaTeX answers, within DEADLINE_S on the main thread."""
-    global _warmed_up
-    if not _warmed_up:
-        # The first comparison in a process loads the LaTeX grammar (~0.1 s) and sympy's
-        # simplification machinery (~0.3 s, over 0.5 s on a busy machine); do one outside the
-        # deadline so that it is not charged to whichever answer comes first, which would time out.
-        gold = parse("$(a+1)^2$", _EXTRACTION, parsing_timeout=None)
-        verify(gold, parse("$a^2+2a+1$", _EXTRACTION, parsing_timeout=None), timeout_seconds=None)
-        _warmed_up = True
-
-    def run():
-        # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the
-        # gold side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
-        gold = parse("\\boxed{" + _for_sympy(reference) + "}", _EXTRACTION, parsing_timeout=None)
-        pred = parse("\\boxed{" + _for_sympy(answer) + "}", _EXTRACTION, parsing_timeout=None)
-        return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
-
-    return _with_deadline(run, DEADLINE_S)
-
-
-def _judge(text, reference, truncated):
-    """(reward, outcome) for one completion; outcome is one of "correct", "wrong", "no_answer",
-    "timeout" (math-verify ran out of time) or "error" (math-verify failed); the last two score 0."""
-    answer = extract_answer(text, truncated)
-    if answer is None:
-        return 0.0, "no_answer"
-    a, b = _as_number(answer), _as_number(reference)
-    if a is not None and b is not None:
-        ok = _numbers_equal(a, b)
-    elif _canonical(answer) == _canonical(reference):
-        ok = True
-    elif _too_risky(answer) or _too_risky(reference):
-        ok = False  # only the string comparison above, which failed
-    else:
-        try:
-            ok = _symbolic_equal(answer, reference)
-        except _OutOfTime:
-            return 0.0, "timeout"
-        except Exception:
-            # math-verify catches its own errors; this is for whatever it lets through (a
-            # RecursionError in sympy, say). An answer we cannot compare is not a right answer.
-            return 0.0, "error"
-    return (1.0, "correct") if ok else (0.0, "wrong")
-
-
-def _check_reference(reference):
-    if isinstance(reference, bool) or not isinstance(reference, (str, int, float)):
-        raise ValueError(f"reference must be a str (or a number), got {type(reference).__name__}: {reference!r:.80}")
-    reference = str(reference).strip()
-    if not reference:
-        raise ValueError("reference is empty; every problem needs a reference answer (check the data set's "
-                         "answer field)")
-    return reference
-
-
-# -----------------------------------------------------------------------------
-# The grader
 
 def grade(text, reference, truncated=False):
     """1.0 when the final answer in the completion `text` equals `reference`, else 0.0.
 
-    Plain numbers compare exactly, as fractions (1,000 = 1000.0 = $1000 = \\text{1000 dollars};
-    3/4 = \\frac34 = 0.75; 3 1/2 = 3\\frac{1}{2} = 3.5; 25% = 25; 1.5 million = 1500000; 1000001 !=
-    1000000), with a relative tolerance only where a decimal stands for a fraction it cannot write
-    exactly (0.3333333 = 1/3; see _numbers_equal). Units and nouns after a number are dropped (42
-    apples = 42), mathematics never is (2\\mathrm{i}, 2 pi, 2 xy, 2x are not 2; see _words_factor).
-    Everything else goes through math-verify (\\sqrt{2}/2 = \\frac{\\sqrt{2}}{2}, 2^3 = 8,
-    (x+1)^2 = x^2+2x+1, intervals, tuples, \\text{}). truncated: the completion hit max_new_tokens
-    without a stop token, so only an explicit, finished answer counts (extract_answer). Never raises
-    and returns within a second for any completion text (the first math-verify comparison in a
-    process adds a one-time warm-up of about 0.3 s). A text that is not a str, a reference
-    that is not a non-empty str or number, or a truncated that is not a bool is a bug in the caller
-    and raises ValueError.
+    Plain numbers compare exactly, as fractions (1,000 = $1000 = \\text{1000 dollars}; 3 1/2 = 3.5;
+    1.5 million = 1500000; 1000001 != 1000000; 2 pi is not 2), the rest through math-verify
+    (\\sqrt{2}/2 = \\frac{\\sqrt{2}}{2}, (x+1)^2 = x^2+2x+1). truncated: only an explicit, finished
+    answer counts (extract_answer). Never raises and returns within a second for any completion text
+    (plus a one-time warm-up of ~0.3 s per process). A text that is not a str, a reference that is
+    not a non-empty str or number, or a truncated that is not a bool is a bug in the caller and
+    raises ValueError.
     """
     return _judge(text, _check_reference(reference), truncated)[0]
 
 
+def _judge(text, reference, truncated):
+    """(reward, outcome): outcome "no_answer", or compare's "correct", "wrong", "timeout"
+    (math-verify ran out of time) or "error" (math-verify failed); the last two score 0."""
+    answer = extract_answer(text, truncated)
+    outcome = "no_answer" if answer is None else compare(answer, reference)
+    return float(outcome == "correct"), outcome
+
+
 def score(completions, references, truncated=None):
-    """Grade a batch: rewards[i] = grade(completions[i], references[i], truncated[i]).
+    """Grade a step's batch: rewards[i] = grade(completions[i], references[i], truncated[i]).
 
     truncated: one bool per completion (train.py passes rollouts.truncated.tolist()), or None when
     none was cut off. Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer
-    (no extractable answer: the algorithm's parse failures, truncated completions without an explicit
-    answer included), timeout (math-verify ran out of time), error (math-verify failed), accuracy
-    (correct / n).
+    (no extractable answer: the algorithm's parse failures, truncated completions without an
+    explicit answer included), timeout, error, accuracy (correct / n).
     """
     if len(completions) != len(references):
         raise ValueError(f"completions and references must have the same length, got "
-                         f"{len(completions)} and {len(references)}; repeat each reference group_size times")
+                         f"{len(completions)} and {len(references)}; repeat each reference "
+                         f"group_size times")
     if truncated is None:
         truncated = [False] * len(completions)
     if len(truncated) != len(completions):
@@ -563,3 +178,23 @@ def score(completions, references, truncated=None):
             stats[outcome] += 1
     stats["accuracy"] = stats["correct"] / max(stats["n"], 1)
     return rewards, stats
+
+
+# -----------------------------------------------------------------------------
+# Argument checks: a wrong argument is the caller's bug, told in one line
+
+def _check_truncated(truncated):
+    if truncated not in (True, False):  # also lets numpy / tensor bools through
+        raise ValueError(f"truncated must be True or False, got {truncated!r}; pass "
+                         f"rollouts.truncated, one flag per completion")
+
+
+def _check_reference(reference):
+    if isinstance(reference, bool) or not isinstance(reference, (str, int, float)):
+        raise ValueError(f"reference must be a str (or a number), got "
+                         f"{type(reference).__name__}: {reference!r:.80}")
+    reference = str(reference).strip()
+    if not reference:
+        raise ValueError("reference is empty; every problem needs a reference answer (check the "
+                         "data set's answer field)")
+    return reference

@@ -1,5 +1,5 @@
-"""Tests for reward.py: answer extraction, grading (hand-written table, real GSM8K / MATH-500
-references, adversarial completions) and the batch scorer."""
+"""Tests for reward.py and machinery/grader.py: answer extraction, grading (hand-written table,
+real GSM8K / MATH-500 references, adversarial completions) and the batch scorer."""
 import json
 import random
 import re
@@ -12,6 +12,7 @@ from fractions import Fraction
 import pytest
 
 import reward
+from machinery import grader
 
 from conftest import SHARED, requires_shared
 from reward import extract_answer, grade, last_boxed, score
@@ -45,7 +46,7 @@ def test_last_boxed(text, expected):
     (r"#### 7 but finally \boxed{9}, and 11", "9"),             # 1. boxed beats everything
     ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # 2. #### beats the rest
     ("#### 4 #### 8 then 9", "8"),                              #    the last ####
-    ("The answer is 12. Check: 12 + 1 = 13", "12"),             # 3. "the answer is" beats last number
+    ("The answer is 12. Check: 12 + 1 = 13", "12"),             # 3. "the answer is" beats rule 4
     ("so the answer is 3, and the final answer is: 4 (since 4 > 3)", "4"),  # the last one
     (r"The answer is $\frac{1}{2}$. Then 9", r"\frac{1}{2}"),   #    a math span right after it
     (r"The answer is \(\sqrt{2}\) and 5", r"\sqrt{2}"),
@@ -54,18 +55,18 @@ def test_last_boxed(text, expected):
     ("The answer is $18$.", "18"),
     ("The answer is $18.5$.", "18.5"),
     (r"The answer is $2\sqrt{3}$.", r"2\sqrt{3}"),
-    ("The answer is five.\nWe used 3 eggs.", "3"),              #    nothing on its line: last number
+    ("The answer is five.\nWe used 3 eggs.", "3"),              #    nothing on its line: rule 4
     ("so x = 5 and y = -3", "-3"),                              # 4. the last number, with its sign
     ("10-5 = 5", "5"),
-    ("x-2", "2"),                                               #    a minus after a letter subtracts
+    ("x-2", "2"),                                               #    after a letter, minus subtracts
     ("total 1,234.5 dollars.", "1,234.5"),
     ("it is 3/4.", "3/4"),
     (".5 or 0.25", "0.25"),
     (r"I will put it in \boxed{12", None),                      # [ours] a cut-off box is no answer
     (r"\boxed{ }", None),                                       # an empty box is no answer
-    (r"put it in \boxed{}. So \boxed{5}", "5"),                  # an empty box is skipped: an earlier
-    (r"\boxed{5}, as asked in \boxed{}", "5"),                   #   or a later real one counts
-    (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  #   spacing and math mode are empty too
+    (r"put it in \boxed{}. So \boxed{5}", "5"),                 # an empty box is skipped: a real
+    (r"\boxed{5}, as asked in \boxed{}", "5"),                  #   one before or after it counts
+    (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  #   spacing, math mode: empty too
     (r"answer in \boxed{}. 3 + 4 = 7", "7"),                    #   as if it were not there at all
     ("no numbers here", None),
     ("", None),
@@ -82,12 +83,12 @@ TRUNCATED = [  # (completion cut off at max_new_tokens, its answer when truncate
     ("3 + 4 = 7\n#### 7\nQuestion: what is", "7", "7"),
     ("Step 1: 3 + 4 = 7. Step 2: 7 * 2 = 1", None, "1"),              # the last number: a guess
     ("Step 1: 3 + 4 = 7. Step 2: 7", None, "7"),
-    ("So the answer is 7 if we ignore the second st", None, "7"),      # "the answer is": mid-thought
+    ("So the answer is 7 if we ignore the second st", None, "7"),      # "the answer is" mid-thought
     ("The answer is $7$ unless", None, "7"),
-    ("#### 1,0", None, "1"),                                           # the number itself may be cut
+    ("#### 1,0", None, "1"),                                           # the number may be cut
     ("#### 7", None, "7"),                                             #   (7, 75, 7.5, 7/8, ...)
     ("#### 7 dollars and", None, "7"),                                 #   its line never ended
-    (r"so \boxed 7", None, "7"),                                        # a brace-less box, cut the same way
+    (r"so \boxed 7", None, "7"),                                       # a brace-less box, the same
     (r"so \boxed 7 and more", "7", "7"),
     (r"put it in \boxed{}. The answer is 7", None, "7"),              # an empty box is no answer
     (r"\boxed{7} and then \boxed{1", None, None),                     # a box cut off mid-answer
@@ -100,7 +101,8 @@ def test_truncated_completions_need_an_explicit_answer(text, cut, whole):
     assert extract_answer(text, truncated=True) == cut
     assert extract_answer(text) == extract_answer(text, truncated=False) == whole
     reference = whole or "7"
-    assert grade(text, reference, truncated=True) == (0.0 if cut is None else grade(text, reference))
+    assert grade(text, reference, truncated=True) == (0.0 if cut is None
+                                                      else grade(text, reference))
 
 
 def test_truncation_flag_is_checked():
@@ -117,14 +119,15 @@ def test_score_with_truncation_flags():
     completions = ["3 + 4 = 7", "3 + 4 = 7", r"\boxed{7} but wait", "#### 7\nQ", "#### 7"]
     rewards, stats = score(completions, ["7"] * 5, truncated=[False, True, True, True, True])
     assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0]
-    assert stats == {"n": 5, "correct": 3, "no_answer": 2, "timeout": 0, "error": 0, "accuracy": 3 / 5}
+    assert stats == {"n": 5, "correct": 3, "no_answer": 2, "timeout": 0, "error": 0,
+                     "accuracy": 3 / 5}
     assert score(completions, ["7"] * 5, truncated=None) == score(completions, ["7"] * 5) \
         == score(completions, ["7"] * 5, truncated=[False] * 5)
     assert score(completions, ["7"] * 5)[0] == [1.0] * 5
 
 
 # -----------------------------------------------------------------------------
-# grade: at least 50 hand-written cases, right and wrong, over every form the issue names
+# grade: at least 50 hand-written cases, right and wrong, over every form an answer takes
 
 RIGHT = [
     # where the answer sits
@@ -215,7 +218,7 @@ WRONG = [
     (r"\boxed{1,000,001}", "1000000"),
     ("#### 123456789012345679", "123456789012345678"),
     (r"\boxed{1000000.5}", "1000000"),              # so do exact decimals
-    (r"\boxed{0.3333334}", "0.3333333"),            # two decimals: neither is a rounding of the other
+    (r"\boxed{0.3333334}", "0.3333333"),            # two decimals: neither is the other rounded
     (r"\boxed{\text{17 dollars}}", "18"),
     (r"\boxed{1/2}", "0.51"),
     (r"\boxed{5x}", "5"),
@@ -267,7 +270,7 @@ def test_case_table_is_large_enough():
 # of two letters or more, and math-verify's own unit stripping removed single letters and "ab".
 
 UNITS = [
-    # the issue's cases
+    # the first cases found
     (r"2\mathrm{i}", "2", 0.0),                  # was 1: i is the imaginary unit
     (r"3\text{i}", "3", 0.0),                    # was 1
     (r"2\mathrm{e}", "2", 0.0),                  # was 1: e is Euler's number
@@ -291,8 +294,8 @@ UNITS = [
     ("2 dozen", "2", 0.0),                       # was 1
     ("5 million^2", "5", 0.0),                   # was 1: an exponent belongs to a unit only
     (r"2 \text{ hours and } 30 \text{ minutes}", "2", 0.0),  # was 1: "and 30" is no unit
-    (r"5 \text{ m}", "5", 0.0),                  # was 1 [ours]: a single letter is never a unit, not
-                                                 #   even m for meters: it is as likely a variable
+    (r"5 \text{ m}", "5", 0.0),                  # was 1 [ours]: a single letter is never a unit,
+                                                 #   not even m for meters: as likely a variable
     (r"7 \text{ pm}", "7", 0.0),                 # was 1 [ours]: an unlisted two-letter word decides
                                                  #   nothing in the fast path; math-verify says no
     ("2 dozen", "24", 1.0),                      # was 0
@@ -363,13 +366,15 @@ def test_words_after_a_number_in_running_text(text, reference, expected):
 
 def test_scale_words_and_mixed_numbers_are_exact():
     # Fraction arithmetic, no float: 1.5 million is 1500000 exactly, one more is not equal
-    assert reward._as_number(r"1.5 \text{ million}") == (1500000, True)
-    assert reward._as_number("3 1/2") == reward._as_number(r"3\frac{1}{2}") == (Fraction(7, 2), False)
-    assert reward._as_number("-3 1/2") == (Fraction(-7, 2), False)
-    assert reward._as_number("1.2 trillion dollars") == (1_200_000_000_000, True)
+    assert grader._as_number(r"1.5 \text{ million}") == (1500000, True)
+    assert grader._as_number("3 1/2") == grader._as_number(r"3\frac{1}{2}") \
+        == (Fraction(7, 2), False)
+    assert grader._as_number("-3 1/2") == (Fraction(-7, 2), False)
+    assert grader._as_number("1.2 trillion dollars") == (1_200_000_000_000, True)
     assert grade(r"\boxed{1.5 million}", "1500001") == 0.0
-    for not_plain in [r"2\mathrm{i}", "2 pi", "2 xy", r"5 \text{ m}", "2 sin", "5 million^2", "3 4/2"]:
-        assert reward._as_number(not_plain) is None, not_plain  # math-verify decides these
+    for not_plain in [r"2\mathrm{i}", "2 pi", "2 xy", r"5 \text{ m}", "2 sin", "5 million^2",
+                      "3 4/2"]:
+        assert grader._as_number(not_plain) is None, not_plain  # math-verify decides these
 
 
 def test_bad_reference_raises_one_line_value_error():
@@ -401,17 +406,18 @@ def test_score_length_mismatch():
 
 
 def test_numbers_never_reach_math_verify(monkeypatch):
-    # The training loop grades ~128 completions a step: plain numbers take the exact-fraction path and
-    # never pay for a math-verify parse (its speed is not asserted here; only which path runs).
+    # The training loop grades ~128 completions a step: plain numbers take the exact-fraction path
+    # and never pay for a math-verify parse (its speed is not asserted here; only which path runs).
     def forbidden(*args):
         raise AssertionError("math-verify was called for a plain number")
-    monkeypatch.setattr(reward, "_symbolic_equal", forbidden)
+    monkeypatch.setattr(grader, "_symbolic_equal", forbidden)
     text = "Janet sells 16 - 3 - 4 = 9 eggs and makes 9 * 2 = $18. The answer is \\boxed{18}."
-    for completion, reference, expected in [(text, "18", 1.0), (text, "19", 0.0), ("#### 1,080", "1080", 1.0),
-                                            ("\\boxed{3/4}", "0.75", 1.0), ("\\boxed{25\\%}", "25", 1.0),
-                                            ("\\boxed{1.5 \\text{ million}}", "1500000", 1.0),
-                                            ("\\boxed{5 million}", "5", 0.0), ("\\boxed{42 apples}", "42", 1.0),
-                                            ("\\boxed{3 1/2}", "3.5", 1.0), ("\\boxed{3\\frac{1}{2}}", "3.5", 1.0)]:
+    for completion, reference, expected in [
+            (text, "18", 1.0), (text, "19", 0.0), ("#### 1,080", "1080", 1.0),
+            ("\\boxed{3/4}", "0.75", 1.0), ("\\boxed{25\\%}", "25", 1.0),
+            ("\\boxed{1.5 \\text{ million}}", "1500000", 1.0),
+            ("\\boxed{5 million}", "5", 0.0), ("\\boxed{42 apples}", "42", 1.0),
+            ("\\boxed{3 1/2}", "3.5", 1.0), ("\\boxed{3\\frac{1}{2}}", "3.5", 1.0)]:
         assert grade(completion, reference) == expected
 
 
@@ -444,7 +450,7 @@ def warm():
     """The timed tests measure the grader as it runs in training: after the one-time warm-up of the
     first math-verify comparison in a process (~0.3 s, outside the deadline), which run alone they
     would otherwise pay inside their one-second window."""
-    reward._symbolic_equal("x^2", "x^2")
+    grader._symbolic_equal("x^2", "x^2")
 
 
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
@@ -465,9 +471,9 @@ def test_deadline_counts_timeouts(warm):
 
 
 def test_deadline_survives_a_swallowed_alarm():
-    """Python ignores an exception raised inside a weakref callback, and sympy fires such callbacks all
-    the time: the first alarm can be swallowed. Here fn swallows the first one itself, as such a callback
-    would; the deadline must still stop it, not let it run its 3 s."""
+    """Python ignores an exception raised inside a weakref callback, and sympy fires such callbacks
+    all the time: the first alarm can be swallowed. Here fn swallows the first one itself, as such a
+    callback would; the deadline must still stop it, not let it run its 3 s."""
     swallowed = []
 
     def stubborn():
@@ -476,21 +482,22 @@ def test_deadline_survives_a_swallowed_alarm():
             try:
                 while time.perf_counter() < end:
                     pass
-            except reward._OutOfTime:
+            except grader._OutOfTime:
                 if swallowed:
                     raise
                 swallowed.append(1)
         return "ran to the end"
 
     t0 = time.perf_counter()
-    with pytest.raises(reward._OutOfTime):
-        reward._with_deadline(stubborn, 0.2)
+    with pytest.raises(grader._OutOfTime):
+        grader._with_deadline(stubborn, 0.2)
     assert swallowed and time.perf_counter() - t0 < 0.5
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
 
 
 def test_deadline_leaves_a_running_timer_alone():
-    # Someone else's SIGALRM timer (pytest-timeout, the caller's) is neither clobbered nor cancelled.
+    # Someone else's SIGALRM timer (pytest-timeout, the caller's) is neither clobbered nor stopped.
     fired = []
     theirs = lambda signum, frame: fired.append(signum)  # noqa: E731
     old = signal.signal(signal.SIGALRM, theirs)
@@ -511,7 +518,8 @@ def test_grade_off_the_main_thread(warm):
              (r"\boxed{[1,2)}", "[1,2]", 0.0), (r"\boxed{18}", "18", 1.0),
              (ADVERSARIAL["power tower"], "3", 0.0), (ADVERSARIAL["huge factorial"], "3", 0.0),
              (ADVERSARIAL["iterated factorial"], "3", 0.0),
-             (ADVERSARIAL["10,000 nested fractions"], "3", 0.0), (ADVERSARIAL["200 kB of text"], "3", 0.0)]
+             (ADVERSARIAL["10,000 nested fractions"], "3", 0.0),
+             (ADVERSARIAL["200 kB of text"], "3", 0.0)]
     results, errors = [], []
 
     def worker():
@@ -533,25 +541,27 @@ def test_grade_off_the_main_thread(warm):
 # -----------------------------------------------------------------------------
 # Fuzz: thousands of random and adversarial strings, seeded
 
-_PIECES = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "{}", "\\frac{", "\\dfrac", "\\sqrt{", "^", "^{", "_",
-           "\\text{", "\\mbox{ ", "\\left(", "\\right)", "\\!", "\\,", "{,}", "$", "$$", "\\$", "\\(", "\\)",
-           "\\[", "\\]", "####", "#### ", "the answer is ", "The final answer is: ", "\\circ", "%", "\\%",
-           "-", "+", "*", "**", "/", ".", ",", "=", "x", "y", "\\pi", "\\infty", "(", ")", "[", "]", "!",
-           "\\binom", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\", "&", " ", "\n", "\t", "dollars", "cm",
-           "0", "1", "7", "9", "12", "1,000", "3.14", "0.5", "1/2", "1e9", "9" * 40, "1" + "0" * 400,
-           "é", "∑", "−", "×", "÷", "½", "٣", "日本", "🙂", "\u202e", "\x00", "\ufeff", "\\"]
-_REFERENCES = ["7", "1000000", "0.5", "\\frac{1}{2}", "x^2+1", "(1, 2)", "[0, 1)", "\\text{Evelyn}", "2\\sqrt{3}", "8"]
+_PIECES = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "{}", "\\frac{", "\\dfrac", "\\sqrt{", "^",
+           "^{", "_", "\\text{", "\\mbox{ ", "\\left(", "\\right)", "\\!", "\\,", "{,}", "$", "$$",
+           "\\$", "\\(", "\\)", "\\[", "\\]", "####", "#### ", "the answer is ",
+           "The final answer is: ", "\\circ", "%", "\\%", "-", "+", "*", "**", "/", ".", ",", "=",
+           "x", "y", "\\pi", "\\infty", "(", ")", "[", "]", "!", "\\binom", "\\begin{pmatrix}",
+           "\\end{pmatrix}", "\\\\", "&", " ", "\n", "\t", "dollars", "cm", "0", "1", "7", "9",
+           "12", "1,000", "3.14", "0.5", "1/2", "1e9", "9" * 40, "1" + "0" * 400, "é", "∑", "−",
+           "×", "÷", "½", "٣", "日本", "🙂", "\u202e", "\x00", "\ufeff", "\\"]
+_REFERENCES = ["7", "1000000", "0.5", "\\frac{1}{2}", "x^2+1", "(1, 2)", "[0, 1)", "\\text{Evelyn}",
+               "2\\sqrt{3}", "8"]
 
 
 def _fuzz_cases(rng):
     """Random concatenations of LaTeX and number fragments, plus structured adversarial shapes."""
     cases = ["".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 40))) for _ in range(1400)]
-    cases += ["".join(chr(rng.randint(1, 0x2FFFF)) for _ in range(rng.randint(1, 200)))  # any code point
+    cases += ["".join(chr(rng.randint(1, 0x2FFFF)) for _ in range(rng.randint(1, 200)))  # any char
               for _ in range(300)]
     for _ in range(40):
         k = rng.randint(1, 3000)
         cases += [
-            "\\boxed{" + "{" * k + "7" + "}" * rng.randint(0, k + 1),            # deep, maybe unbalanced
+            "\\boxed{" + "{" * k + "7" + "}" * rng.randint(0, k + 1),            # deep, maybe open
             "\\boxed{" + "\\frac{" * k + "1" + "}{2}" * rng.randint(0, k) + "}",
             "\\boxed{" + str(rng.randint(1, 9)) * k + "}",                      # huge numbers
             "#### " + "9" * k + "." + "9" * rng.randint(0, k),
@@ -566,11 +576,11 @@ def _fuzz_cases(rng):
 
 
 def test_fuzz_never_raises_and_never_hangs(monkeypatch):
-    # No timed assertion: every math-verify call stops at reward.DEADLINE_S on this (main) thread and
-    # the rest is regular expressions and linear scans, so the run is bounded by the grader itself.
+    # No timed assertion: every math-verify call stops at grader.DEADLINE_S on this (main) thread
+    # and the rest is regular expressions and linear scans, so the run is bounded by the grader.
     # The deadline is shortened (the same mechanism, a smaller budget) so that the few dozen cases
     # sympy cannot finish, nested powers mostly, cost seconds rather than half a minute.
-    monkeypatch.setattr(reward, "DEADLINE_S", 0.05)
+    monkeypatch.setattr(grader, "DEADLINE_S", 0.05)
     rng = random.Random(12)
     cases = _fuzz_cases(rng)
     assert len(cases) > 2000
@@ -590,18 +600,21 @@ def test_fuzz_never_raises_and_never_hangs(monkeypatch):
 # Python 3.10: no atomic groups or possessive quantifiers (3.11+) in reward.py's patterns
 
 @pytest.mark.parametrize("text, money", [
-    ("$18. She", True), ("$18 each", True), ("$1,000 per", True), ("$18.50, so", True), ("$18.", True),
-    ("$18", True), ("$18$", False), ("$18.5$", False), ("$1,000$", False), ("$18^2$", False),
-    ("$18x$", False), ("$18\\%$", False), ("$18/3$", False), ("$18 + 1$", True), ("$x$", False), ("$ 18", False),
+    ("$18. She", True), ("$18 each", True), ("$1,000 per", True), ("$18.50, so", True),
+    ("$18.", True), ("$18", True), ("$18$", False), ("$18.5$", False), ("$1,000$", False),
+    ("$18^2$", False), ("$18x$", False), ("$18\\%$", False), ("$18/3$", False), ("$18 + 1$", True),
+    ("$x$", False), ("$ 18", False),
 ])
 def test_currency_is_money_not_a_math_span(text, money):
     # a backtracking pattern would match "$1,000$" as "$1," and "$18.5$" as "$18"; this one must not
     assert bool(reward._CURRENCY.match(text)) == money
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="the atomic-group original needs Python 3.11")
+@pytest.mark.skipif(sys.version_info < (3, 11),
+                    reason="the atomic-group original needs Python 3.11")
 def test_currency_matches_the_atomic_group_it_replaces():
-    atomic = re.compile("\\$(?" + ">\\d[\\d,]*(?:\\.\\d+)?)(?![\\d$\\\\^_{}/*+=A-Za-z])")  # split: not a literal
+    # split in two, so that test_python_versions' scan for 3.11+ patterns does not flag it
+    atomic = re.compile("\\$(?" + ">\\d[\\d,]*(?:\\.\\d+)?)(?![\\d$\\\\^_{}/*+=A-Za-z])")
     rng = random.Random(0)
     for _ in range(20000):
         text = "$" + "".join(rng.choice("12,.$\\^_{}/*+=ax %") for _ in range(rng.randint(0, 8)))
@@ -629,7 +642,8 @@ def test_gsm8k_references():
     refs = [row["answer"].split("####")[-1].strip() for row in rows]
     assert len(refs) == 1319
     # every reference, as GSM8K writes it and boxed, grades 1.0 against itself
-    failures = [r for r in refs if grade(f"#### {r}", r) != 1.0 or grade(f"\\boxed{{{r}}}", r) != 1.0]
+    failures = [r for r in refs
+                if grade(f"#### {r}", r) != 1.0 or grade(f"\\boxed{{{r}}}", r) != 1.0]
     _report("GSM8K reference vs itself", failures, len(refs))
     assert not failures
     # and 0.0 against the next row's, where the two differ (15 neighbours share an answer)
