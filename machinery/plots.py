@@ -14,7 +14,7 @@ against the step: the mean reward of the rollouts and the held-out accuracy; the
 kept and the share of tokens trained, of the kept rollouts' tokens (rho_t, the step line's `tokens
 k/v`) and of all generated tokens (D3S's two levels; GRPO keeps all); Var(A) of all rollouts and of
 the kept ones (sample selection raises it); the mean entropy of the sampling distribution; the
-gradient norm before clipping; and, with several updates per batch, the share of clipped tokens. A
+gradient norm before clipping; and, with several updates per step, the share of clipped tokens. A
 step that made no update has no gradient norm and no clipped share: those two curves have a gap there.
 
 The comparison (compare_runs, compare_figure, run_labels): held-out accuracy against the step and
@@ -29,11 +29,12 @@ drawn from its log.jsonl alone and its label says so.
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
 rollout and token by token, the picture of what D3S keeps. For a few groups of the step just
 trained (pick_groups), each rollout with its reward and advantage A, whether sample selection kept
-it, and its tokens as the tokenizer decodes them one by one: in a kept rollout each token is shaded
-blue by its score (|A|*H for D3S, by eighths of the step's scores) and the tokens token selection
-kept are bold and underlined in vermillion; tokens not trained and dropped rollouts are grey. A
-group whose A is 0 (all right or all wrong) that still had rollouts kept says why, and what they
-train. The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt
+it, and its tokens as the tokenizer decodes them one by one. Three marks, never confused: a rollout
+sample selection dropped (it never reaches the model) is faded and struck through; in a kept
+rollout each token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's
+scores), and the tokens token selection trained are also bold and underlined in vermillion. A
+zero-variance group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what
+they train. The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt
 from RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the
 step before an evaluation, so the other steps cost nothing.
 """
@@ -299,9 +300,9 @@ def _group_kind(rewards):
 def pick_groups(group_rewards, max_groups=4):
     """Which groups the page shows: [(index, kind)], at most max_groups, mixed groups first.
 
-    The rule: the first mixed group, then the first all-right and the first all-wrong group when the
-    step has them (their A is 0: they show what sample selection drops first), then more mixed
-    groups, then any other group, each in batch order. Shown mixed first, then all right, all wrong.
+    The rule: the first mixed group, then the first all-right and the first all-wrong zero-variance
+    group when the step has them (their A is 0: they show what sample selection drops first), then
+    more mixed groups, then any other group, each in the step's order. Shown mixed first, then all right, all wrong.
     """
     kinds = [_group_kind(r) for r in group_rewards]
     first = {k: [i for i, kind in enumerate(kinds) if kind == k] for k in KINDS}
@@ -400,9 +401,9 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
 SAMPLE_RULES = {
     "none": "every rollout (no sample selection).",
     "cross": "the share ρs of the step's rollouts whose advantages have the largest variance, pooled over the "
-             "batch. Such a set is always some of the batch's largest A and the rest of its smallest, so a group "
-             "may keep only its wrong (or only its right) rollouts, and groups with A = 0 (all right or all wrong) "
-             "are the first dropped. A dropped rollout never reaches the model again.",
+             "step. Such a set is always some of the step's largest A and the rest of its smallest, so a group "
+             "may keep only its wrong (or only its right) rollouts, and zero-variance groups (all right or all "
+             "wrong, so A = 0) are the first dropped. A dropped rollout never reaches the model again.",
     "intra": "inside each group, the rollouts whose advantages have the largest variance. A dropped rollout never "
              "reaches the model again.",
     "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their advantages are "
@@ -419,7 +420,8 @@ TOKEN_RULES = {
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
-# reddish purple for special tokens.
+# reddish purple for special tokens. Only a dropped rollout is grey (and struck through): a kept
+# rollout's tokens that were not trained are dark text, so the two never look alike.
 BLUE, VERMILLION, PURPLE = (0, 114, 178), "#d55e00", "#cc79a7"
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;background:#fff;
@@ -434,7 +436,6 @@ nav,.rule,.legend{margin:4px 0;font-size:13px}
 .why{font-size:13px;margin:2px 0 6px;color:#444}
 .warn{background:#fff4e0;border-left:4px solid #e69f00;padding:4px 8px;margin:6px 0}
 .legend .key{margin-right:12px;white-space:nowrap}
-.gone{color:#a8a8a8}
 .group{border-top:1px solid #ccc;margin-top:12px;padding-top:8px}
 .q,td.toks{font-family:ui-monospace,Menlo,Consolas,"DejaVu Sans Mono",monospace}
 .q{white-space:pre-wrap;background:#f4f4f4;padding:4px 8px;margin:0 0 6px;font-size:13px}
@@ -446,11 +447,11 @@ td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:n
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:1.4}
-tr.dropped td{color:#a8a8a8}
+tr.dropped td{color:#a0a0a0}
 tr.kept td:nth-child(3){font-weight:bold}
 u{text-decoration:none;margin-right:1px;padding:1px 0}
-tr.dropped u{background:#f2f2f2}
-u[class^=d]{color:#5f5f5f}
+tr.dropped u,.gone{color:#a0a0a0;background:#f2f2f2;text-decoration:line-through}
+u[class^=d]{color:#222}
 u[class^=k]{color:#000;font-weight:bold;box-shadow:inset 0 -3px VERMILLION}
 .all u[class^=k]{font-weight:normal;box-shadow:inset 0 -1px VERMILLION}
 i{font-style:normal;color:#aaa}
@@ -515,8 +516,8 @@ def _rollout_row(r, record):
 
 
 def _why_kept(g, record):
-    """For a group whose A is 0 (all right or all wrong) with rollouts kept: why sample selection kept
-    them, and what they train. One <p>, or "" for any other group."""
+    """For a zero-variance group (A = 0) with rollouts kept: why sample selection kept them, and what
+    they train. One <p>, or "" for any other group."""
     kept = [r for r in g["rollouts"] if r["kept"]]
     if g["kind"] == "mixed" or not kept:
         return ""
@@ -524,11 +525,11 @@ def _why_kept(g, record):
     if sample == "cross":  # A = 0 rollouts are taken only once every A != 0 one is (d3s.select_samples)
         known = isinstance(st.get("zero_var"), (int, float)) and isinstance(st.get("rollouts"), int)
         mixed = f"the {round((1 - st['zero_var']) * st['rollouts'])}" if known else "the rollouts"
-        why = (f"sample selection, pooled over the batch, kept {_stat(st, 'kept', 'd')} of "
+        why = (f"sample selection, pooled over the step, kept {_stat(st, 'kept', 'd')} of "
                f"{_stat(st, 'rollouts', 'd')} rollouts (ρs {_stat(st, 'rho_s', '.2f')}), more than {mixed} in "
                f"groups with mixed rewards, so it took rollouts with A = 0 too.")
     elif sample in ("intra", "pods"):
-        why = "sample selection keeps the same number of rollouts in every group, a group with A = 0 too."
+        why = "sample selection keeps the same number of rollouts in every group, a zero-variance group too."
     elif sample == "random":
         why = "random sample selection does not look at A."
     else:
@@ -573,17 +574,18 @@ def selection_html(record, links=()):
         parts.append(f'<p class="warn">This step made no update: {e(str(st["skipped_reason"]))}</p>')
     if sample == "none" and token == "none":
         parts.append('<p class="rule"><b>This method keeps every rollout and trains every token of each</b>: all are '
-                     'kept and marked trained, nothing is greyed, and nothing is scored.</p>')
+                     'kept and marked trained, nothing is struck out, and nothing is scored.</p>')
     else:
         parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
                      f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token selection, {e(str(token))}): '
                      f'{e(TOKEN_RULES.get(token, "?"))}</p>')
 
-    # the legend, one line: each mark that can appear in the rows below, as it appears there
+    # the legend: each mark that can appear in the rows below, styled by the rules that style them there
     shade = (5, 2) if record["score"] else ("", "")
     legend = [f"<u class=k{shade[0]}>trained</u> token"]
-    legend += [] if token == "none" else [f"<u class=d{shade[1]}>not trained</u>"]
-    legend += [] if sample == "none" else ['<span class="gone">dropped rollout</span>']
+    legend += [] if token == "none" else [f"<u class=d{shade[1]}>not trained</u> token of a kept rollout"]
+    legend += [] if sample == "none" else ['<span class="gone">dropped</span> rollout (sample selection: it '
+                                           'never reaches the model)']
     legend += ["<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
     if record["score"] and record["score_cut"] is not None:
         shades = "".join(f"<u class=d{b}>&nbsp;</u>" for b in range(BINS))
@@ -591,13 +593,14 @@ def selection_html(record, links=()):
                          f"{record['score_cut']:.3g} up)")
     parts.append('<p class="legend">' + " ".join(f'<span class="key">{x}</span>' for x in legend) + "</p>")
     hover = "; hover a token for its score" if record["score"] else ""
-    parts.append(f"<p class=rule>{len(record['groups'])} of the step's {record['prompts']} groups (mixed first, then "
-                 f"one all-right and one all-wrong group when the step has them). A: the rollout's advantage"
-                 f"{hover}.</p>")
+    parts.append(f"<p class=rule>{len(record['groups'])} of the step's {record['prompts']} groups (mixed first, "
+                 f"then one all-right and one all-wrong zero-variance group when the step has them). A: the "
+                 f"rollout's advantage{hover}.</p>")
 
     for g in record["groups"]:
         kept = sum(r["kept"] for r in g["rollouts"])
-        parts.append(f'<div class="group"><h2>Prompt {g["prompt"]} · {e(g["kind"])}: {n_right(g)} of '
+        kind = g["kind"] if g["kind"] == "mixed" else f"zero-variance group ({g['kind']})"
+        parts.append(f'<div class="group"><h2>Prompt {g["prompt"]} · {e(kind)}: {n_right(g)} of '
                      f'{len(g["rollouts"])} right · {kept} kept · reference answer '
                      f'<code>{e(g["answer"])}</code></h2>{_why_kept(g, record)}<div class="q">{e(g["question"])}</div>'
                      '<table><tr><th>reward</th><th>A</th><th>sample</th><th>trained</th><th>tokens</th></tr>')

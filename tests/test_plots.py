@@ -4,10 +4,12 @@ rollouts, rebuilds from its JSON, and renders in a real headless browser. curves
 where a step made no update, each token share named by its denominator) and the comparison of runs
 (labels, curves, the command and its one-line refusals)."""
 import dataclasses
+import html
 import html.parser
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -356,11 +358,41 @@ def test_an_a0_group_with_kept_rollouts_says_why(tokenizer):
         n = kept_a0.get(g["prompt"], 0)
         assert piece.count('<p class="why">') == (n > 0), (g["prompt"], g["kind"])
         if n:
-            assert f"Why {n} kept with A = 0:" in piece and "kept 12 of 16 rollouts (ρs 0.75), more than the 8 in " \
-                "groups with mixed rewards, so it took rollouts with A = 0 too." in piece
+            assert f"Why {n} kept with A = 0:" in piece and "sample selection, pooled over the step, kept 12 of 16 " \
+                "rollouts (ρs 0.75), more than the 8 in groups with mixed rewards, so it took rollouts with A = 0 " \
+                "too." in piece
             assert "token selection trains none of its tokens and its loss is 0." in piece
             assert piece.index('<p class="why">') < piece.index('<div class="q">')  # under the group's heading
     assert 'class="why"' not in plots.selection_html(d3s_record_at(tokenizer, 0.375))  # 6 kept: all A != 0
+
+
+def test_the_page_names_a_zero_variance_group_and_the_step_as_the_rules_do(tokenizer):
+    """One vocabulary: "zero-variance group" (all G rewards equal, A = 0) and "step", under every sample mode."""
+    for sample in plots.SAMPLE_RULES:
+        record = d3s_record_at(tokenizer, 0.75)
+        text = plots.selection_html(dict(record, sample_mode=sample))
+        assert "batch" not in text and "a group with A = 0" not in text and "groups with A = 0" not in text, sample
+        assert "Prompt 1 · zero-variance group (all right): 4 of 4 right" in text
+        assert "Prompt 2 · zero-variance group (all wrong): 0 of 4 right" in text and "Prompt 0 · mixed:" in text
+        assert "one all-right and one all-wrong zero-variance group when the step has them" in text
+    assert "zero-variance groups (all right or all wrong, so A = 0) are the first dropped" in plots.SAMPLE_RULES[
+        "cross"]
+    intra = plots.selection_html(dict(d3s_record_at(tokenizer, 0.75), sample_mode="intra"))
+    assert "keeps the same number of rollouts in every group, a zero-variance group too." in intra
+
+
+def legend_keys(text):
+    """The legend's entries as a reader reads them, tags stripped."""
+    legend = text.split('<p class="legend">')[1].split("</p>")[0]
+    return [html.unescape(re.sub("<[^>]+>", "", k)).strip() for k in legend.split('<span class="key">')[1:]]
+
+
+def test_the_legend_names_the_three_states(d3s_step):
+    keys = legend_keys(plots.selection_html(d3s_step[-1]))
+    assert keys[0] == "trained token" and keys[1] == "not trained token of a kept rollout"
+    assert "dropped rollout (sample selection: it never reaches the model)" in keys
+    page = Page(plots.selection_html(d3s_step[-1]))
+    assert {r["class"] for r in page.rows.values()} == {"kept", "dropped"}
 
 
 def test_grpo_a0_group_says_its_tokens_add_nothing(tokenizer):
@@ -541,25 +573,35 @@ def find_browser():
     return "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
 
 
-def screenshot(browser, page, png, tmp_path, width=1200, height=3000):
-    """Render the page in headless Chromium, offline, at a tall window. -> (H, W, 3) uint8 pixels."""
-    import numpy as np
-    from matplotlib.image import imread
+def run_browser(browser, page, tmp_path, *flags):
+    """Headless Chromium, offline, on the page with these flags. -> the finished process."""
     cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", f"--window-size={width},{height}",
-           f"--screenshot={png}", page.as_uri()]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+           f"--user-data-dir={tmp_path / 'profile'}", *flags, page.as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def screenshot(browser, page, png, tmp_path, width=1200, height=3000):
+    """Render the page in headless Chromium at a tall window. -> (H, W, 3) uint8 pixels."""
+    import numpy as np
+    from matplotlib.image import imread
+    out = run_browser(browser, page, tmp_path, "--hide-scrollbars", f"--window-size={width},{height}",
+                      f"--screenshot={png}")
     assert out.returncode == 0 and png.is_file(), out.stderr[-2000:]
     return (np.asarray(imread(str(png)))[..., :3] * 255).round().astype(np.uint8)
 
 
-def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
-    import numpy as np
+def browser_or_skip():
     browser = find_browser()
     if browser is None:
         pytest.skip(f"no headless browser: looked for {', '.join(BROWSERS)} on PATH and /usr/bin/chromium; "
                     f".ci/run installs Debian's chromium (apt-get install chromium)")
+    return browser
+
+
+def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
+    import numpy as np
+    browser = browser_or_skip()
     page = tmp_path / "selection.html"
     page.write_text(plots.selection_html(d3s_step[-1]), encoding="utf-8")
     pixels = screenshot(browser, page, tmp_path / "page.png", tmp_path)  # (3000, 1200, 3)
@@ -571,3 +613,45 @@ def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
     # the page's height: its last row that is not background, at a window taller than the page
     used = np.nonzero((pixels != 255).any(axis=(1, 2)))[0]
     assert 600 < used.max() + 1 < 2900, f"page height {used.max() + 1} px"
+
+
+# A script added to a copy of the page (the page itself has none): each mark's style as the browser
+# computes it, written into the page as JSON for --dump-dom to print.
+PROBE = """<script>
+const look = el => { const s = getComputedStyle(el); let fade = 1;
+  for (let e = el; e; e = e.parentElement) fade *= getComputedStyle(e).opacity;
+  return {color: s.color, weight: s.fontWeight, line: s.textDecorationLine, shadow: s.boxShadow,
+          background: s.backgroundColor, fade: fade}; };
+const marks = {trained: "tr.kept u[class^=k]", untrained: "tr.kept u[class^=d]", dropped: "tr.dropped u:not(.sp)",
+  legend_trained: ".legend u[class^=k]", legend_untrained: ".legend u[class^=d]", legend_dropped: ".legend .gone",
+  body: "body"};
+const out = {};
+for (const [name, sel] of Object.entries(marks)) out[name] = look(document.querySelector(sel));
+const pre = document.createElement("pre");
+pre.id = "probe";
+pre.textContent = JSON.stringify(out);
+document.body.append(pre);
+</script>"""
+
+
+def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_path, d3s_step):
+    """A dropped rollout is grey and struck through; a kept rollout's untrained token is the page's dark
+    text (on its score's shade); a trained token is bold and underlined in vermillion. The legend shows
+    each as the rows do."""
+    browser = browser_or_skip()
+    page = tmp_path / "probe.html"
+    page.write_text(plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    out = run_browser(browser, page, tmp_path, "--dump-dom")
+    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
+    looks = json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
+    trained, untrained, dropped, body = looks["trained"], looks["untrained"], looks["dropped"], looks["body"]
+    vermillion = "rgb({}, {}, {})".format(*(int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)))
+    assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
+    assert untrained["color"] == body["color"] and untrained["weight"] == "400", untrained  # dark, not grey
+    assert untrained["line"] == "none" and untrained["shadow"] == "none" and untrained["fade"] == 1, untrained
+    assert "line-through" in dropped["line"] and dropped["color"] != body["color"], dropped  # faded and struck
+    seen = lambda x: (x["color"], x["weight"], x["line"], x["shadow"], x["fade"])  # noqa: E731
+    assert len({seen(trained), seen(untrained), seen(dropped)}) == 3
+    for state in ("trained", "untrained", "dropped"):  # the legend's sample looks like the rows' mark
+        assert seen(looks[f"legend_{state}"]) == seen(looks[state]), (state, looks[f"legend_{state}"], looks[state])
+    assert looks["legend_dropped"]["background"] == dropped["background"]
