@@ -1,7 +1,7 @@
-"""rollout.py on tiny real models: group layout, masks by position, stop ids, left padding, a
-checkpoint's generation_config that must change nothing, samples that do not depend on batching,
-the sampler's and the hash's distributions, and chunked log-probs / entropies against the plain
-full-logits computation."""
+"""rollout.py and machinery/sampling.py on tiny real models: group layout, masks by position,
+stop ids, left padding, a checkpoint's generation_config that must change nothing, samples that
+do not depend on batching, the sampler's and the hash's distributions, and chunked log-probs /
+entropies against the plain full-logits computation."""
 import copy
 import math
 import warnings
@@ -11,9 +11,10 @@ import torch
 from conftest import SHARED, requires_shared
 
 import rollout
-from machinery import tiny
+from machinery import sampling, tiny
 
-PROMPTS = ["Question: 3+8+5+9\nAnswer:", "Question: 1+2\nAnswer:", "Question: 12+7+1+40+6\nAnswer:", "Q:"]
+PROMPTS = ["Question: 3+8+5+9\nAnswer:", "Question: 1+2\nAnswer:", "Question: 12+7+1+40+6\nAnswer:",
+           "Q:"]
 
 
 def sharpen(model, std=0.3, seed=1):
@@ -75,9 +76,11 @@ def test_completion_mask_hand_made():
         assert m == first_stop_mask(row, {eos, 9})
     # pad == eos (Qwen2.5 pads with <|endoftext|>, the base models' EOS): found by position, not id.
     qeos = 151643
-    ids = torch.tensor([[10, 11, qeos, qeos, qeos], [10, 11, 12, 13, 14], [qeos, qeos, qeos, qeos, qeos]])
+    ids = torch.tensor([[10, 11, qeos, qeos, qeos], [10, 11, 12, 13, 14],
+                        [qeos, qeos, qeos, qeos, qeos]])
     mask = rollout.completion_mask(ids, [151645, qeos])
-    assert mask.tolist() == [[True, True, True, False, False], [True] * 5, [True, False, False, False, False]]
+    assert mask.tolist() == [[True, True, True, False, False], [True] * 5,
+                             [True, False, False, False, False]]
 
 
 def test_stop_token_ids(tok, model):
@@ -124,7 +127,8 @@ def test_groups_layout_shapes_and_masks(tok, model):
         assert bool(r.truncated[i]) == (not stopped)
         if not stopped:
             assert n == N  # a truncated row used the whole budget
-        assert r.texts[i] == tok.decode(row[:n - 1] if stopped else row[:n], skip_special_tokens=True)
+        assert r.texts[i] == tok.decode(row[:n - 1] if stopped else row[:n],
+                                        skip_special_tokens=True)
     assert not any("<eos>" in t or "<pad>" in t for t in r.texts)
     # sampling: the G answers to one prompt are not copies of each other
     assert len({tuple(real_tokens(r, i)) for i in range(G)}) > 1
@@ -152,7 +156,9 @@ def test_stop_at_token_3_gives_4_mask_positions_and_truncation(tok, model):
     # every other row: cut at its first stop id, as predicted from the free run
     for i in range(len(PROMPTS)):
         free_row = real_tokens(free, i)
-        expect = free_row[:next((t + 1 for t, x in enumerate(free_row) if x in (s, tok.eos_token_id)), len(free_row))]
+        stops = (s, tok.eos_token_id)
+        cut = next((t + 1 for t, x in enumerate(free_row) if x in stops), len(free_row))
+        expect = free_row[:cut]
         assert real_tokens(r, i) == expect
         assert bool(r.truncated[i]) == (expect[-1] not in (s, tok.eos_token_id))
     # at least one row that never stops: truncated, with a full mask of N tokens
@@ -164,7 +170,7 @@ def test_stop_at_token_3_gives_4_mask_positions_and_truncation(tok, model):
 def test_left_padding_and_batch_size_match_one_prompt_at_a_time(tok, model):
     N = 8
     batch = rollout.generate_groups(model, tok, PROMPTS, 1, N, temperature=0)
-    assert batch.prompt_mask.sum(1).unique().numel() > 1  # the prompts really have different lengths
+    assert batch.prompt_mask.sum(1).unique().numel() > 1  # the prompts have different lengths
     for i, p in enumerate(PROMPTS):
         alone = rollout.generate_groups(model, tok, [p], 1, N, temperature=0)
         assert alone.prompt_mask.all()  # no padding at all
@@ -174,45 +180,53 @@ def test_left_padding_and_batch_size_match_one_prompt_at_a_time(tok, model):
     full = rollout.generate_groups(model, tok, PROMPTS, 2, N, temperature=0)
     for bs in (1, 3):
         split = rollout.generate_groups(model, tok, PROMPTS, 2, N, temperature=0, batch_size=bs)
-        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "group"):
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated",
+                     "group"):
             assert torch.equal(getattr(split, name), getattr(full, name)), name
         assert split.texts == full.texts
     assert full.texts[0::2] == full.texts[1::2] == batch.texts
 
 
-# ----------------------------------------------------------------------------- a checkpoint's generation_config
+# ----------------------------------------------------------------- a checkpoint's generation_config
 
 def knobs(tok):
     """What a checkpoint's generation_config.json may set that transformers turns into a logits
-    processor, a stopping criterion or another decoding mode, each to a value that would change the
-    samples (suppress tokens, force an EOS at the last position, forbid EOS for 40 tokens, penalise
-    every repeat, keep only the top token, return 2 sequences per prompt, stop after a microsecond)."""
+    processor, a stopping criterion or another decoding mode, each to a value that would change
+    the samples (suppress tokens, force an EOS at the last position, forbid EOS for 40 tokens,
+    penalise every repeat, keep only the top token, return 2 sequences per prompt, stop after a
+    microsecond)."""
     t = tok.convert_tokens_to_ids
     return dict(
-        suppress_tokens=[t("5"), t("a")], begin_suppress_tokens=[t("b")], forced_bos_token_id=t("c"),
-        forced_eos_token_id=tok.eos_token_id, bad_words_ids=[[t("d")], [t("e"), t("f")]], min_length=40,
-        min_new_tokens=8, sequence_bias=[[[t("g")], 10.0]], repetition_penalty=5.0, no_repeat_ngram_size=1,
-        exponential_decay_length_penalty=(1, 3.0), remove_invalid_values=True, renormalize_logits=True,
-        guidance_scale=1.5, watermarking_config={"greenlist_ratio": 0.25, "bias": 2.0, "context_width": 1},
-        do_sample=True, temperature=0.05, top_k=1, top_p=0.1, min_p=0.9, typical_p=0.2, epsilon_cutoff=0.2,
-        eta_cutoff=0.2, num_return_sequences=2, max_length=5, max_new_tokens=3, max_time=1e-6)
+        suppress_tokens=[t("5"), t("a")], begin_suppress_tokens=[t("b")],
+        forced_bos_token_id=t("c"), forced_eos_token_id=tok.eos_token_id,
+        bad_words_ids=[[t("d")], [t("e"), t("f")]],
+        min_length=40, min_new_tokens=8, sequence_bias=[[[t("g")], 10.0]], repetition_penalty=5.0,
+        no_repeat_ngram_size=1, exponential_decay_length_penalty=(1, 3.0),
+        remove_invalid_values=True, renormalize_logits=True, guidance_scale=1.5,
+        watermarking_config={"greenlist_ratio": 0.25, "bias": 2.0, "context_width": 1},
+        do_sample=True, temperature=0.05, top_k=1, top_p=0.1, min_p=0.9, typical_p=0.2,
+        epsilon_cutoff=0.2, eta_cutoff=0.2, num_return_sequences=2, max_length=5, max_new_tokens=3,
+        max_time=1e-6)
 
 
 # what knobs() makes the checkpoint's own configuration build (transformers 5.24)
 CHECKPOINT_PROCESSORS = {
-    "UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
-    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "MinLengthLogitsProcessor",
-    "MinNewTokensLengthLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
-    "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor",
-    "SuppressTokensAtBeginLogitsProcessor", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
-    "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "WatermarkLogitsProcessor",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor",
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+    "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",
+    "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+    "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "WatermarkLogitsProcessor",
     "LogitNormalization"}
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tok, tmp_path_factory):
-    """(clean, loaded): one set of weights, with transformers' default generation_config and loaded
-    from a folder whose generation_config.json sets every knob of knobs(), as a downloaded one would."""
+    """(clean, loaded): one set of weights, with transformers' default generation_config and
+    loaded from a folder whose generation_config.json sets every knob of knobs(), as a downloaded
+    one would."""
     from transformers import Qwen2ForCausalLM
     clean = sharpen(tiny.build_model(tok, seed=0, hidden_size=32, num_layers=2))
     ckpt = copy.deepcopy(clean)
@@ -220,12 +234,14 @@ def checkpoint(tok, tmp_path_factory):
     path = tmp_path_factory.mktemp("knobs")
     ckpt.save_pretrained(path)
     loaded = Qwen2ForCausalLM.from_pretrained(path)
-    assert loaded.generation_config.forced_eos_token_id == tok.eos_token_id  # precondition: saved and read back
+    # precondition: saved and read back
+    assert loaded.generation_config.forced_eos_token_id == tok.eos_token_id
     return clean, loaded
 
 
 def assert_same_rollouts(a, b, entropy_atol=0.0):
-    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "group"):
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated",
+                 "group"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.texts == b.texts
     if a.entropy is not None or b.entropy is not None:
@@ -233,12 +249,13 @@ def assert_same_rollouts(a, b, entropy_atol=0.0):
 
 
 def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
-    """The guard against a checkpoint's knobs and against a future transformers that adds one: the exact
-    logits processors and stopping criteria that `generate` builds, recorded from inside it (the real
-    methods, called through). The checkpoint's own configuration builds 22 processors; generate_groups
-    builds ours alone (the Sampler; none for greedy; temperature and top_p for nucleus sampling) and
-    stops only at max_new_tokens or a stop id. A processor that a new transformers adds by default, or
-    fills in from the checkpoint, lands in these lists and fails this test."""
+    """The guard against a checkpoint's knobs and against a future transformers that adds one:
+    the exact logits processors and stopping criteria that `generate` builds, recorded from
+    inside it (the real methods, called through). The checkpoint's own configuration builds 22
+    processors; generate_groups builds ours alone (the Sampler; none for greedy; temperature and
+    top_p for nucleus sampling) and stops only at max_new_tokens or a stop id. A processor that a
+    new transformers adds by default, or fills in from the checkpoint, lands in these lists and
+    fails this test."""
     _, loaded = checkpoint
     built = {"_get_logits_processor": [], "_get_stopping_criteria": []}
     for name, calls in built.items():
@@ -248,44 +265,50 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
             return out
         monkeypatch.setattr(loaded, name, spy)
 
-    with warnings.catch_warnings():  # precondition: the checkpoint's configuration does shape generate
+    with warnings.catch_warnings():  # precondition: the checkpoint's configuration shapes generate
         warnings.simplefilter("ignore")  # (transformers warns about its conflicting lengths)
         loaded.generate(**tok(["Q:"], return_tensors="pt"))
     assert set(built["_get_logits_processor"].pop()) == CHECKPOINT_PROCESSORS
     assert "MaxTimeCriteria" in built["_get_stopping_criteria"].pop()
 
+    nucleus = ["TemperatureLogitsWarper", "TopPLogitsWarper"]
     for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), []),
-                         (dict(temperature=0.7, top_p=0.9), ["TemperatureLogitsWarper", "TopPLogitsWarper"])):
-        for cache in rollout.CACHES:
+                         (dict(temperature=0.7, top_p=0.9), nucleus)):
+        for cache in sampling.CACHES:
             rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, cache=cache, **kwargs)
             calls = built["_get_logits_processor"]
-            assert len(calls) == 2 and calls == [ours, ours], (kwargs, cache)  # 8 rows, 4 per generate call
-            assert built["_get_stopping_criteria"] == [["MaxLengthCriteria", "EosTokenCriteria"]] * 2
+            # 8 rows, 4 per generate call
+            assert len(calls) == 2 and calls == [ours, ours], (kwargs, cache)
+            stopping = ["MaxLengthCriteria", "EosTokenCriteria"]
+            assert built["_get_stopping_criteria"] == [stopping] * 2
             for c in built.values():
                 c.clear()
-    assert loaded.generation_config.top_k == 1 and loaded.generation_config.forced_eos_token_id == tok.eos_token_id
+    assert loaded.generation_config.top_k == 1
+    assert loaded.generation_config.forced_eos_token_id == tok.eos_token_id
 
 
 def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
-    """The same weights with and without every knob in generation_config.json: the same tokens, texts,
-    masks, truncation flags and recorded entropies, for training's sampler, greedy decoding and nucleus
-    sampling. With the checkpoint's knobs, max_new_tokens 12 would end every row in a forced EOS (no
-    row truncated) and never repeat a token."""
+    """The same weights with and without every knob in generation_config.json: the same tokens,
+    texts, masks, truncation flags and recorded entropies, for training's sampler, greedy
+    decoding and nucleus sampling. With the checkpoint's knobs, max_new_tokens 12 would end every
+    row in a forced EOS (no row truncated) and never repeat a token."""
     clean, loaded = checkpoint
-    sampled = rollout.generate_groups(clean, tok, PROMPTS, 3, 12, temperature=1.0, seed=3, record_entropy=True)
-    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 3, 12, temperature=1.0, seed=3,
-                                                 record_entropy=True), sampled)
+    sampled = rollout.generate_groups(clean, tok, PROMPTS, 3, 12, temperature=1.0, seed=3,
+                                      record_entropy=True)
+    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 3, 12, temperature=1.0,
+                                                 seed=3, record_entropy=True), sampled)
     assert sampled.truncated.any(), "precondition: some row runs out of tokens"
     greedy = rollout.generate_groups(clean, tok, PROMPTS, 1, 12, temperature=0)
-    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 1, 12, temperature=0), greedy)
+    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 1, 12, temperature=0),
+                         greedy)
     nucleus = []
     for m in (clean, loaded):  # generate's own sampler draws from torch's generator
         torch.manual_seed(4)
         nucleus.append(rollout.generate_groups(m, tok, PROMPTS, 3, 12, temperature=0.7, top_p=0.9))
     assert_same_rollouts(*nucleus)
 
-    # greedy is the argmax of the plain forward, and sampling follows softmax(logits / T) (top_k=1 or min_p=0.9
-    # would make the hot samples copies of each other)
+    # greedy is the argmax of the plain forward, and sampling follows softmax(logits / T) (top_k=1
+    # or min_p=0.9 would make the hot samples copies of each other)
     prompt = PROMPTS[0]
     ids = torch.tensor([encode_one(tok, prompt)])
     with torch.no_grad():  # greedy by hand: argmax of the plain forward, until the EOS
@@ -296,8 +319,10 @@ def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
                 break
     manual = ids[0, len(encode_one(tok, prompt)):].tolist()
     assert len(set(manual)) < len(manual), "precondition: the greedy answer repeats a token"
-    assert real_tokens(rollout.generate_groups(loaded, tok, [prompt], 1, 10, temperature=0), 0) == manual
-    cold = rollout.generate_groups(loaded, tok, [prompt], 2, 10, temperature=1e-4, seed=0)  # ~ greedy
+    alone = rollout.generate_groups(loaded, tok, [prompt], 1, 10, temperature=0)
+    assert real_tokens(alone, 0) == manual
+    # ~ greedy
+    cold = rollout.generate_groups(loaded, tok, [prompt], 2, 10, temperature=1e-4, seed=0)
     assert real_tokens(cold, 0) == real_tokens(cold, 1) == manual
     hot = rollout.generate_groups(loaded, tok, [prompt], 6, 10, temperature=1.0, seed=0)
     assert len({tuple(real_tokens(hot, i)) for i in range(6)}) > 1
@@ -305,12 +330,13 @@ def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
 
 def test_bad_arguments(tok, model):
     for kwargs in (dict(prompts=[]), dict(prompts="Q:"), dict(group_size=0), dict(max_new_tokens=0),
-                   dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0), dict(seed="1"), dict(seed=True),
-                   dict(seed=1.0), dict(first_row=-1), dict(first_row=2.0)):
+                   dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0), dict(seed="1"),
+                   dict(seed=True), dict(seed=1.0), dict(first_row=-1), dict(first_row=2.0)):
         args = dict(prompts=PROMPTS, group_size=2, max_new_tokens=4) | kwargs
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             rollout.generate_groups(model, tok, **args)
-    with pytest.raises(ValueError, match="seed=1 with top_p=0.9: nucleus sampling uses generate's own sampler"):
+    with pytest.raises(ValueError,
+                       match="seed=1 with top_p=0.9: nucleus sampling uses generate's own sampler"):
         rollout.generate_groups(model, tok, PROMPTS, 2, 4, top_p=0.9, seed=1)
     ids = torch.ones(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="completion_start"):
@@ -321,14 +347,14 @@ def test_bad_arguments(tok, model):
         token_logprobs(model, ids, ids, 2, chunk_size=0)
 
 
-# ----------------------------------------------------------------------------- completion_hidden + head_logprobs
+# ---------------------------------------------------------------- completion_hidden + head_logprobs
 
 def token_logprobs(model, input_ids, attention_mask, start, temperature=1.0, with_entropy=True,
                    chunk_size=rollout.CHUNK_SIZE, positions=None):
     """Step 5 as the training loop composes it: the decoder body once, then the chunked head."""
     hidden = rollout.completion_hidden(model, input_ids, attention_mask, start)  # (B, T, H)
-    return rollout.head_logprobs(model, hidden, input_ids[:, start:], positions, temperature, with_entropy,
-                                 chunk_size)
+    return rollout.head_logprobs(model, hidden, input_ids[:, start:], positions, temperature,
+                                 with_entropy, chunk_size)
 
 
 def full_reference(model, input_ids, attention_mask, start, temperature):
@@ -351,13 +377,15 @@ def batch(tok, model):
 
 
 def test_token_logprobs_chunked_equals_full(model, batch):
-    """Chunking the head (and checkpointing each chunk) only reorders sums, so in float64 it must match
-    the full-logits computation to float64 rounding, gradients included. (In float32 a weight gradient,
-    a sum over ~100 positions, moved by 1.07e-5 in one element of 1024 when summed chunk by chunk:
-    float32 reassociation, not an error, and no fixed float32 tolerance tells the two apart.)"""
+    """Chunking the head (and checkpointing each chunk) only reorders sums, so in float64 it must
+    match the full-logits computation to float64 rounding, gradients included. (In float32 a
+    weight gradient, a sum over ~100 positions, moved by 1.07e-5 in one element of 1024 when
+    summed chunk by chunk: float32 reassociation, not an error, and no fixed float32 tolerance
+    tells the two apart.)"""
     model = model.double()
     r, temp = batch, 0.7
-    ids, am, start, mask = r.input_ids, r.attention_mask, r.completion_start, r.completion_mask.double()
+    ids, am, start = r.input_ids, r.attention_mask, r.completion_start
+    mask = r.completion_mask.double()
     T, V = ids.shape[1] - start, model.config.vocab_size
     params = [p for p in model.parameters()]
     ref_logp, ref_ent = full_reference(model, ids, am, start, temp)
@@ -386,7 +414,8 @@ def test_token_logprobs_chunked_equals_full(model, batch):
     assert logp.shape == ent.shape == (ids.shape[0], 0)
     # positions: only those asked for are computed, 0 elsewhere, the same values there
     with torch.no_grad():
-        logp, ent = token_logprobs(model, ids, am, start, temperature=temp, chunk_size=3, positions=r.completion_mask)
+        logp, ent = token_logprobs(model, ids, am, start, temperature=temp, chunk_size=3,
+                                   positions=r.completion_mask)
     m = r.completion_mask
     assert (logp[~m] == 0).all() and (ent[~m] == 0).all()
     torch.testing.assert_close(logp[m], ref_logp.detach()[m], atol=1e-12, rtol=0)
@@ -396,14 +425,15 @@ def test_token_logprobs_chunked_equals_full(model, batch):
 def test_token_logprobs_left_padding_equals_unpadded(model, batch):
     r = batch
     with torch.no_grad():
-        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=4)
+        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start,
+                                   chunk_size=4)
     assert logp.dtype == ent.dtype == torch.float32  # a float32 model is scored in float32
     for i in range(r.input_ids.shape[0]):
         p = r.prompt_ids[i][r.prompt_mask[i].bool()]
         c = r.completion_ids[i][r.completion_mask[i]]
         with torch.no_grad():
-            one, one_ent = token_logprobs(model, torch.cat([p, c])[None], torch.ones(1, len(p) + len(c),
-                                          dtype=torch.long), len(p))
+            ones = torch.ones(1, len(p) + len(c), dtype=torch.long)
+            one, one_ent = token_logprobs(model, torch.cat([p, c])[None], ones, len(p))
         torch.testing.assert_close(logp[i, :len(c)], one[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(ent[i, :len(c)], one_ent[0], atol=1e-5, rtol=0)
 
@@ -421,7 +451,8 @@ def test_token_logprobs_never_saves_vocab_sized_tensors(model, batch):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_start, chunk_size=3)
+        logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask,
+                                 batch.completion_start, chunk_size=3)
     assert saved and not [s for s in saved if len(s) >= 3 and s[-1] == V]
     logp.sum().backward()  # and the backward still works
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
@@ -431,22 +462,26 @@ def test_token_logprobs_bf16(tok, batch):
     model = sharpen(tiny.build_model(tok, seed=0, hidden_size=32, num_layers=2)).to(torch.bfloat16)
     r = batch
     with torch.no_grad():
-        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start, chunk_size=5)
-        ref_logp, ref_ent = full_reference(model, r.input_ids, r.attention_mask, r.completion_start, 1.0)
+        logp, ent = token_logprobs(model, r.input_ids, r.attention_mask, r.completion_start,
+                                   chunk_size=5)
+        ref_logp, ref_ent = full_reference(model, r.input_ids, r.attention_mask,
+                                           r.completion_start, 1.0)
     assert logp.dtype == ent.dtype == torch.float32
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
     torch.testing.assert_close(logp, ref_logp, atol=2e-2, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=2e-2, rtol=0)
-    # exactly: the head upcast to float32, so the bf16 weights' logits are never rounded to bf16 again
+    # exactly: the head upcast to float32, so the bf16 weights' logits are never rounded to bf16
+    # again
     with torch.no_grad():
         hidden = rollout.completion_hidden(model, r.input_ids, r.attention_mask, r.completion_start)
-        logits = hidden.float() @ model.get_output_embeddings().weight.float().T  # (B, T, V) float32
-    exact = torch.log_softmax(logits, dim=-1).gather(-1, r.input_ids[:, r.completion_start:, None]).squeeze(-1)
+        logits = hidden.float() @ model.get_output_embeddings().weight.float().T  # (B, T, V)
+    targets = r.input_ids[:, r.completion_start:, None]
+    exact = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
     torch.testing.assert_close(logp, exact, atol=2e-6, rtol=0)
     assert (ref_logp - exact).abs().max() > 1e-3  # what rounding the logits to bf16 would have cost
 
 
-# ----------------------------------------------------------------------------- the real Qwen2.5 tokenizer
+# ----------------------------------------------------------------------- the real Qwen2.5 tokenizer
 
 @pytest.fixture(scope="module")
 def qwen_tok():
@@ -456,12 +491,13 @@ def qwen_tok():
 
 def qwen_model(qtok):
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    config = Qwen2Config(vocab_size=len(qtok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True,
-                         max_position_embeddings=256)
+    config = Qwen2Config(vocab_size=len(qtok), hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         tie_word_embeddings=True, max_position_embeddings=256)
     torch.manual_seed(0)
     model = sharpen(Qwen2ForCausalLM(config))
-    model.generation_config.eos_token_id = [151645, 151643]  # <|im_end|>, <|endoftext|> as in Qwen2.5 instruct
+    # <|im_end|>, <|endoftext|> as in Qwen2.5 instruct
+    model.generation_config.eos_token_id = [151645, 151643]
     model.generation_config.pad_token_id = 151643
     return model
 
@@ -472,7 +508,8 @@ def test_qwen_stop_ids(qwen_tok):
     assert rollout.stop_token_ids(model, qwen_tok) == [151643, 151645]
     # A base model (Qwen2.5-Math-7B) names only <|endoftext|>, in its generation_config and its
     # tokenizer, but our prompts are ChatML, so it ends its turn with <|im_end|>: stop there too.
-    # (The shared tokenizer made into a base model's for this test: loading a second one costs seconds.)
+    # (The shared tokenizer made into a base model's for this test: loading a second one costs
+    # seconds.)
     eos, template = qwen_tok.eos_token, qwen_tok.chat_template
     try:
         qwen_tok.eos_token = "<|endoftext|>"
@@ -488,13 +525,15 @@ def test_qwen_stop_ids(qwen_tok):
 
 @requires_shared
 def test_qwen_completions_cut_at_either_stop_id(qwen_tok):
-    """Relabel tokens: swapping two rows of the (tied) embedding matrix swaps the two token ids and
-    changes nothing else, so the free greedy answers, relabeled, must now contain <|im_end|> in row 0
-    at index 3 and <|endoftext|> (also the pad id) in row 1 at index 5, and be cut right there."""
+    """Relabel tokens: swapping two rows of the (tied) embedding matrix swaps the two token ids
+    and changes nothing else, so the free greedy answers, relabeled, must now contain <|im_end|>
+    in row 0 at index 3 and <|endoftext|> (also the pad id) in row 1 at index 5, and be cut right
+    there."""
     qtok, model = qwen_tok, qwen_model(qwen_tok)
     assert qtok.pad_token_id == 151643  # pad == a stop id: padding must be found by position
-    assert qtok.padding_side == "right"  # the real tokenizer's default; generate_groups left-pads anyway
-    prompts = PROMPTS[:2]  # plain text: a ChatML prompt holds <|im_end|>, whose embedding we swap below
+    assert qtok.padding_side == "right"  # the real tokenizer's default; generate_groups left-pads
+    # plain text: a ChatML prompt holds <|im_end|>, whose embedding we swap below
+    prompts = PROMPTS[:2]
     free = rollout.generate_groups(model, qtok, prompts, 1, 10, temperature=0)
     a, b = free.completion_ids[0, 3].item(), free.completion_ids[1, 5].item()
     prompt_tokens = set(free.prompt_ids[free.prompt_mask.bool()].tolist())
@@ -520,27 +559,33 @@ def test_qwen_completions_cut_at_either_stop_id(qwen_tok):
 # ----------------------------------------------------------------------------- the random numbers
 
 def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
-    """One seed, one set of samples: every batch_size and cache mode, with other random draws in between,
-    gives the same tokens, texts, masks and truncation flags; the entropies agree to float32 rounding
-    (a batch of another shape may sum the forward in another order). A batch split by hand over two
-    calls (first_row) too. Another seed gives other samples; seed=None follows torch.manual_seed."""
+    """One seed, one set of samples: every batch_size and cache mode, with other random draws in
+    between, gives the same tokens, texts, masks and truncation flags; the entropies agree to
+    float32 rounding (a batch of another shape may sum the forward in another order). A batch
+    split by hand over two calls (first_row) too. Another seed gives other samples; seed=None
+    follows torch.manual_seed."""
     args = (tok, PROMPTS, 3, 8)
-    free = rollout.generate_groups(model, *args, seed=11)  # a random model rarely stops: its commonest token does
-    model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids.flatten().mode().values)]
+    # a random model rarely stops: its commonest token does
+    free = rollout.generate_groups(model, *args, seed=11)
+    commonest = int(free.completion_ids.flatten().mode().values)
+    model.generation_config.eos_token_id = [tok.eos_token_id, commonest]
     ref = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True)
     assert ref.truncated.any() and not ref.truncated.all(), "precondition: rows of several lengths"
-    for cache in rollout.CACHES:
+    for cache in sampling.CACHES:
         for batch_size in (None, 1, 3, 8):
             torch.rand(5)  # someone else draws from torch's generator in between
-            r = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True, cache=cache,
-                                        batch_size=batch_size)
-            # entropies: at most 2.6e-6 apart on this model (a few float32 ulps of values near 2.5, the
-            # logits summed in another order); another row's or another T's entropy is 1e-2 away or more
+            r = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True,
+                                        cache=cache, batch_size=batch_size)
+            # entropies: at most 2.6e-6 apart on this model (a few float32 ulps of values near 2.5,
+            # the logits summed in another order); another row's or another T's entropy is 1e-2 away
+            # or more
             assert_same_rollouts(r, ref, entropy_atol=1e-5)
-    # a batch split by hand: rows 0-5 and 6-11 (the second call pads its prompts less, so compare tokens)
+    # a batch split by hand: rows 0-5 and 6-11 (the second call pads its prompts less, so compare
+    # tokens)
     halves = [rollout.generate_groups(model, tok, PROMPTS[:2], 3, 8, seed=11),
               rollout.generate_groups(model, tok, PROMPTS[2:], 3, 8, seed=11, first_row=6)]
-    assert [real_tokens(h, i) for h in halves for i in range(6)] == [real_tokens(ref, i) for i in range(12)]
+    assert ([real_tokens(h, i) for h in halves for i in range(6)]
+            == [real_tokens(ref, i) for i in range(12)])
     assert [t for h in halves for t in h.texts] == ref.texts
     assert torch.equal(torch.cat([h.truncated for h in halves]), ref.truncated)
 
@@ -549,10 +594,11 @@ def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
     drawn = []
     for batch_size in (None, 2):
         torch.manual_seed(0)
-        drawn.append(rollout.generate_groups(model, *args, batch_size=batch_size))  # seed=None: one draw per call
+        # seed=None: one draw per call
+        drawn.append(rollout.generate_groups(model, *args, batch_size=batch_size))
     assert_same_rollouts(*drawn)
     torch.manual_seed(0)
-    assert_same_rollouts(drawn[0], rollout.generate_groups(model, *args, seed=rollout.draw_seed()))
+    assert_same_rollouts(drawn[0], rollout.generate_groups(model, *args, seed=sampling.draw_seed()))
     with pytest.raises(ValueError, match="cache='paged' must be one of prefix, plain, static"):
         rollout.generate_groups(model, tok, PROMPTS, 2, 4, cache="paged")
 
@@ -567,24 +613,27 @@ def chi_square(counts, expected):
 
 
 def test_sampler_draws_from_exactly_softmax_over_t():
-    """rollout.Sampler against the distribution by hand: 200,000 draws from 5 tokens at T = 0.7 (2,000
-    rows over 100 decode steps), a chi-square goodness-of-fit test against softmax(logits / T) that
-    the same draws fail against softmax(logits), each frequency within 4 standard errors, a
-    probability-0 token never drawn, and the entropy of softmax(logits / T) recorded."""
+    """sampling.Sampler against the distribution by hand: 200,000 draws from 5 tokens at T = 0.7
+    (2,000 rows over 100 decode steps), a chi-square goodness-of-fit test against
+    softmax(logits / T) that the same draws fail against softmax(logits), each frequency within 4
+    standard errors, a probability-0 token never drawn, and the entropy of softmax(logits / T)
+    recorded."""
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -math.inf])
     T, rows, steps = 0.7, 2_000, 100
     n = rows * steps
     p = torch.softmax(logits / T, dim=-1).double()
-    sampler = rollout.Sampler(T, seed=0)
+    sampler = sampling.Sampler(T, seed=0)
     counts = torch.zeros(5, dtype=torch.float64)
     for _ in range(steps):
         out = sampler(None, logits.repeat(rows, 1))
-        assert ((out == 0).sum(dim=1) == 1).all() and torch.isinf(out).sum() == rows * 4  # one token per row
+        # one token per row
+        assert ((out == 0).sum(dim=1) == 1).all() and torch.isinf(out).sum() == rows * 4
         counts += torch.bincount(out.argmax(dim=1), minlength=5)
     assert sampler.t == steps and len(sampler.entropy) == steps
     assert counts[4] == 0
     assert chi_square(counts[:4], n * p[:4]) < CHI2_3
-    assert chi_square(counts[:4], n * torch.softmax(logits, dim=-1).double()[:4]) > 100 * CHI2_3  # T matters
+    p_untempered = torch.softmax(logits, dim=-1).double()
+    assert chi_square(counts[:4], n * p_untempered[:4]) > 100 * CHI2_3  # T matters
     freq, se = counts / n, (p * (1 - p) / n).sqrt()
     assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
     h = -(p[:4] * p[:4].log()).sum().float()
@@ -592,7 +641,8 @@ def test_sampler_draws_from_exactly_softmax_over_t():
 
 
 def splitmix64_reference(x):
-    """splitmix64's finaliser on Python's unbounded ints, masked to 64 bits: the published algorithm."""
+    """splitmix64's finaliser on Python's unbounded ints, masked to 64 bits: the published
+    algorithm."""
     mask = 2 ** 64 - 1
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
@@ -606,18 +656,20 @@ def uniform_reference(seed, row, t):
 
 
 def test_uniforms_are_splitmix64_uniform_and_independent():
-    """rollout.uniforms: bit for bit the published splitmix64 (the int64 tensor arithmetic wraps, and
-    its right shifts are logical), then 200,000 numbers (1,000 rows x 200 positions) uniform on [0, 1)
-    by a chi-square test on 100 bins, with no correlation between neighbouring rows, positions or seeds."""
+    """sampling.uniforms: bit for bit the published splitmix64 (the int64 tensor arithmetic
+    wraps, and its right shifts are logical), then 200,000 numbers (1,000 rows x 200 positions)
+    uniform on [0, 1) by a chi-square test on 100 bins, with no correlation between neighbouring
+    rows, positions or seeds."""
     # the first output of splitmix64 seeded with 0, as published (Vigna's splitmix64.c)
-    assert int(rollout.splitmix64(torch.tensor(rollout.GOLDEN))) % 2 ** 64 == 0xE220A8397B1DCDAF
+    assert int(sampling.splitmix64(torch.tensor(sampling.GOLDEN))) % 2 ** 64 == 0xE220A8397B1DCDAF
     rows = torch.tensor([0, 1, 2, 1000, 2 ** 40])
     for seed in (0, 1, -1, 2 ** 63 - 1, 2 ** 64 + 5, 12345678901234567890):
         for t in (0, 1, 7, 10 ** 6):
-            assert rollout.uniforms(seed, rows, t).tolist() == [uniform_reference(seed, r, t) for r in rows.tolist()]
+            reference = [uniform_reference(seed, r, t) for r in rows.tolist()]
+            assert sampling.uniforms(seed, rows, t).tolist() == reference
 
     R, T = 1_000, 200
-    u = torch.stack([rollout.uniforms(7, torch.arange(R), t) for t in range(T)], dim=1)  # (R, T)
+    u = torch.stack([sampling.uniforms(7, torch.arange(R), t) for t in range(T)], dim=1)  # (R, T)
     assert u.dtype == torch.float64 and (u >= 0).all() and (u < 1).all()
     counts = torch.bincount((u * 100).long().flatten(), minlength=100).double()
     assert chi_square(counts, torch.full((100,), R * T / 100)) < CHI2_99
@@ -626,18 +678,20 @@ def test_uniforms_are_splitmix64_uniform_and_independent():
     def corr(a, b):
         return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
     bound = 4 / u.numel() ** 0.5  # 4 standard errors of a correlation near 0
-    other_seed = torch.stack([rollout.uniforms(8, torch.arange(R), t) for t in range(T)], dim=1)
+    other_seed = torch.stack([sampling.uniforms(8, torch.arange(R), t) for t in range(T)], dim=1)
     for a, b in ((u[:-1], u[1:]), (u[:, :-1], u[:, 1:]), (u[:-1, 1:], u[1:, :-1]), (u, other_seed)):
         assert abs(corr(a, b)) < bound
-    assert corr(u[:-1], u[:-1] * 0.5 + u[1:] * 0.5) > 0.5  # the check itself sees a correlation when there is one
+    # the check itself sees a correlation when there is one
+    assert corr(u[:-1], u[:-1] * 0.5 + u[1:] * 0.5) > 0.5
 
 
-# ----------------------------------------------------------------------------- bf16 autocast on the CPU
+# ------------------------------------------------------------------------- bf16 autocast on the CPU
 
 def test_head_runs_in_float32_under_bf16_autocast(model, batch):
-    """Under bf16 autocast (--dtype auto on a GPU; here the CPU's), head_logprobs computes the logits in
-    float32 from the float32 hidden states and weights: the log-probs, entropies and the gradient equal
-    the float32 computation outside autocast, and not the one whose logits were rounded to bf16 first."""
+    """Under bf16 autocast (--dtype auto on a GPU; here the CPU's), head_logprobs computes the
+    logits in float32 from the float32 hidden states and weights: the log-probs, entropies and
+    the gradient equal the float32 computation outside autocast, and not the one whose logits
+    were rounded to bf16 first."""
     r, temp = batch, 0.7
     targets, head = r.input_ids[:, r.completion_start:], model.get_output_embeddings()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -647,104 +701,122 @@ def test_head_runs_in_float32_under_bf16_autocast(model, batch):
 
     def reference(logits):
         logp_all = torch.log_softmax(logits.float() / temp, dim=-1)  # (B, T, V)
-        return logp_all.gather(-1, targets[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy
     ref_logp, ref_ent = reference(hidden @ head.weight.T)  # float32, no autocast
     ref_grad, = torch.autograd.grad(ref_logp.sum(), hidden, retain_graph=True)
     with torch.no_grad():
         bf16_logp, bf16_ent = reference(rounded)
-    assert (bf16_logp - ref_logp).abs().max() > 1e-3 and (bf16_ent - ref_ent).abs().max() > 1e-4, "precondition"
+    assert (bf16_logp - ref_logp).abs().max() > 1e-3, "precondition"
+    assert (bf16_ent - ref_ent).abs().max() > 1e-4, "precondition"
 
     for grad in (False, True):  # no grad: logp_old; grad: the checkpointed chunks of the update
         with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(grad):
-            logp, ent = rollout.head_logprobs(model, hidden, targets, None, temp, True, chunk_size=5)
+            logp, ent = rollout.head_logprobs(model, hidden, targets, None, temp, True,
+                                              chunk_size=5)
         assert logp.dtype == ent.dtype == torch.float32
         torch.testing.assert_close(logp, ref_logp, atol=2e-6, rtol=0)
         torch.testing.assert_close(ent, ref_ent, atol=2e-6, rtol=0)
-    grad, = torch.autograd.grad(logp.sum(), hidden)  # the backward recomputes the chunks in float32 too
+    grad, = torch.autograd.grad(logp.sum(), hidden)  # the backward recomputes in float32 too
     torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=0)
 
 
 def cache_dtypes(model):
-    """A forward hook on the decoder that records, at every call, the dtypes of the KV cache's keys and
-    values and whether a forward hook sits on the rotary embedding. Returns (records, handle)."""
+    """A forward hook on the decoder that records, at every call, the dtypes of the KV cache's
+    keys and values and whether a forward hook sits on the rotary embedding. Returns (records,
+    handle)."""
     records = []
     rotary = model.get_decoder().rotary_emb
 
     def record(module, args, kwargs, out):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        layers = [] if cache is None else [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-        records.append(({layer.keys.dtype for layer in layers}, {layer.values.dtype for layer in layers},
-                        bool(rotary._forward_hooks)))
+        layers = [] if cache is None else [layer for layer in cache.layers
+                                           if getattr(layer, "keys", None) is not None]
+        records.append(({layer.keys.dtype for layer in layers},
+                        {layer.values.dtype for layer in layers}, bool(rotary._forward_hooks)))
     return records, model.get_decoder().register_forward_hook(record, with_kwargs=True)
 
 
 def test_generation_keeps_its_cache_in_the_autocast_dtype(tok, model):
-    """Under bf16 autocast with float32 weights, every cache mode (prefix, plain, static) holds bf16 keys
-    and bf16 values at every decode step: without the rotary hook the keys were float32, promoted by the
-    float32 cos and sin. In float32 no hook is installed (the samples are those of before), and none
-    is left behind either way. This also runs each cache mode's lines under autocast on the CPU."""
+    """Under bf16 autocast with float32 weights, every cache mode (prefix, plain, static) holds
+    bf16 keys and bf16 values at every decode step: without the rotary hook the keys were
+    float32, promoted by the float32 cos and sin. In float32 no hook is installed (the samples
+    are those of before), and none is left behind either way. This also runs each cache mode's
+    lines under autocast on the CPU."""
     records, handle = cache_dtypes(model)
     rotary = model.get_decoder().rotary_emb
     try:
-        for cache in rollout.CACHES:
+        for cache in sampling.CACHES:
             records.clear()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                r = rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache, record_entropy=True)
+                r = rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache,
+                                            record_entropy=True)
             assert r.completion_mask.any(dim=1).all() and r.entropy.dtype == torch.float32
             assert len(records) >= 5 and all(hooked for _, _, hooked in records), cache
-            assert all(keys == values == {torch.bfloat16} for keys, values, _ in records), (cache, records)
+            bf16 = all(keys == values == {torch.bfloat16} for keys, values, _ in records)
+            assert bf16, (cache, records)
             assert not rotary._forward_hooks
             records.clear()
             rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache)
-            assert all(keys == values == {torch.float32} and not hooked for keys, values, hooked in records), cache
+            assert all(keys == values == {torch.float32} and not hooked
+                       for keys, values, hooked in records), cache
     finally:
         handle.remove()
 
 
-# ----------------------------------------------------------------------------- no host-device syncs, bad logits
+# ----------------------------------------------------------------- no host-device syncs, bad logits
 
 def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
-    """The seed's and the rows' keys are derived once per generate call (one copy to the device), each
-    decode step hashing only its position: splitmix64 runs n + 2 times over n steps (3n before), and
-    the tokens are those of the inverse CDF against uniforms(seed, row, t) at every step."""
-    calls, real = [], rollout.splitmix64
-    monkeypatch.setattr(rollout, "splitmix64", lambda x: calls.append(1) or real(x))
+    """The seed's and the rows' keys are derived once per generate call (one copy to the device),
+    each decode step hashing only its position: splitmix64 runs n + 2 times over n steps (3n
+    before), and the tokens are those of the inverse CDF against uniforms(seed, row, t) at every
+    step."""
+    calls, real = [], sampling.splitmix64
+    monkeypatch.setattr(sampling, "splitmix64", lambda x: calls.append(1) or real(x))
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 4, 50, generator=g)  # (steps, rows, V)
-    sampler = rollout.Sampler(0.8, seed=5, first_row=3)
+    sampler = sampling.Sampler(0.8, seed=5, first_row=3)
     for t in range(6):
         token = sampler(None, logits[t]).argmax(dim=-1)
         cdf = torch.softmax(logits[t].double() / 0.8, dim=-1).cumsum(dim=-1)
-        u = rollout.uniforms(5, torch.arange(3, 7), t)
-        assert token.tolist() == torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], side="right")[:, 0].tolist()
-    assert len(calls) == 6 + 2 + 6 * 3  # the sampler's, then the reference's (uniforms hashes 3 times a call)
+        u = sampling.uniforms(5, torch.arange(3, 7), t)
+        expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], side="right")[:, 0]
+        assert token.tolist() == expected.tolist()
+    # the sampler's, then the reference's (uniforms hashes 3 times a call)
+    assert len(calls) == 6 + 2 + 6 * 3
 
 
 def test_nonfinite_logits_are_an_error(tok, model):
-    """NaN or +inf logits (or a row with every logit -inf) leave a row with no distribution: the sampler
-    marks the first such decode position of each row on the device and check_finite() raises, naming the
-    first; a -inf logit alone is a probability-0 token, not an error. A model with a NaN weight stops
-    generate_groups with that error, and leaves the model as it found it."""
+    """NaN or +inf logits (or a row with every logit -inf) leave a row with no distribution: the
+    sampler marks the first such decode position of each row on the device and check_finite()
+    raises, naming the first; a -inf logit alone is a probability-0 token, not an error. A model
+    with a NaN weight stops generate_groups with that error, and leaves the model as it found it."""
     nan, inf = math.nan, math.inf
-    sampler = rollout.Sampler(1.0, seed=0, first_row=10)
-    sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [0.0, 0.0, 0.0]]))
+    sampler = sampling.Sampler(1.0, seed=0, first_row=10)
+    sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0],
+                                [0.0, 0.0, 0.0]]))
     sampler.check_finite()  # a -inf logit is fine
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0], [-inf, -inf, -inf]]))
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]))
+    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0],
+                                [-inf, -inf, -inf]]))
+    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0],
+                                [0.0, 1.0, 2.0]]))
     assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
-    with pytest.raises(rollout.NonFiniteLogits, match="3 of 4 rows; first at decode position 1 of row 11"):
+    with pytest.raises(sampling.NonFiniteLogits,
+                       match="3 of 4 rows; first at decode position 1 of row 11"):
         sampler.check_finite()
 
     with torch.no_grad():
         model.get_decoder().norm.weight[0] = nan  # every logit of every row NaN
     model.train()
     config = model.generation_config
-    with pytest.raises(rollout.NonFiniteLogits) as e:
+    with pytest.raises(sampling.NonFiniteLogits) as e:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4)
     message = str(e.value)
     assert "\n" not in message and isinstance(e.value, RuntimeError)
-    assert message.startswith("the model produced NaN or inf logits while sampling (in 4 of 4 rows; first at "
-                              "decode position 0 of row 0)")
-    assert message.endswith("its weights have probably diverged")  # what to do: the caller says (train.py)
-    assert model.training and model.generation_config is config and not model.get_decoder().rotary_emb._forward_hooks
+    assert message.startswith("the model produced NaN or inf logits while sampling "
+                              "(in 4 of 4 rows; first at decode position 0 of row 0)")
+    # what to do: the caller says (train.py)
+    assert message.endswith("its weights have probably diverged")
+    assert model.training and model.generation_config is config
+    assert not model.get_decoder().rotary_emb._forward_hooks
