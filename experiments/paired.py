@@ -57,7 +57,12 @@ def main(a, b):
               f"| {fmt(d_final)} | {fmt(d_auc)} | {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(0)} | {clip(1)} |")
 
 
+USAGE = "usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)"
+
 if __name__ == "__main__":
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n{__doc__}")
+        sys.exit(0)
     if len(sys.argv) != 3:
-        sys.exit("usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)")
+        sys.exit(USAGE)
     main(*sys.argv[1:])

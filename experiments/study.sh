@@ -73,6 +73,9 @@ weak)
   python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
   python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
   ;;
+-h|--help)
+  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak"
+  ;;
 *)
   echo "usage: bash experiments/study.sh tune|run|weak-tune|weak" >&2
   exit 2

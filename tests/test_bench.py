@@ -9,6 +9,9 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -443,3 +446,15 @@ def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and word in err[0]
     assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
+def test_paired_and_study_sh_print_their_usage():
+    # what the docs print: --help exits 0 with the usage on stdout; no argument is an error
+    root = Path(bench.__file__).resolve().parents[1]
+    paired = [sys.executable, "experiments/paired.py"], "usage: python experiments/paired.py", 1
+    study = ["bash", "experiments/study.sh"], "usage: bash experiments/study.sh", 2
+    for command, usage, code in (paired, study):
+        ok = subprocess.run(command + ["--help"], cwd=root, capture_output=True, text=True)
+        assert ok.returncode == 0 and ok.stdout.startswith(usage)
+        bad = subprocess.run(command, cwd=root, capture_output=True, text=True)
+        assert bad.returncode == code and bad.stderr.startswith("usage: ") and not bad.stdout
