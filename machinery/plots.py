@@ -2,29 +2,30 @@
 A run's pictures, so that a learner sees it learn and sees what D3S keeps, and one picture that puts
 runs side by side. train.py calls the first two at every evaluation.
 
-    python -m machinery.plots RUN                          # rebuild RUN/curves.png and RUN's selection pages
-    python -m machinery.plots RUN RUN [RUN ...]            # compare runs: one picture, out/compare.png
-    python -m machinery.plots RUN RUN --out PATH           # ... written to PATH instead
+    python -m machinery.plots RUN                # rebuild RUN/curves.png and RUN's selection pages
+    python -m machinery.plots RUN RUN [RUN ...]  # compare runs: one picture, out/compare.png
+    python -m machinery.plots RUN RUN --out PATH # ... written to PATH instead
 
 Each command prints the paths it wrote, one a line. A folder that is not a run is one line on stderr
 and exit code 2.
 
-RUN/curves.png (plot_run, curves_figure), from RUN/log.jsonl and the held-out evaluations. Six panels
-against the step: the mean reward of the rollouts and the held-out accuracy; the share of rollouts
-kept and the share of tokens trained, of the kept rollouts' tokens (rho_t, the step line's `tokens
-k/v`) and of all generated tokens (D3S's two levels; GRPO keeps all); Var(A) of all rollouts and of
-the kept ones (sample selection raises it); the mean entropy of the sampling distribution; the
-gradient norm before clipping; and, with several updates per step, the share of clipped tokens. A
-step that made no update has no gradient norm and no clipped share: those two curves have a gap there.
+RUN/curves.png (plot_run, curves_figure), from RUN/log.jsonl and the held-out evaluations. Six
+panels against the step: the mean reward of the rollouts and the held-out accuracy; the share of
+rollouts kept and the share of tokens trained, of the kept rollouts' tokens (rho_t, the step line's
+`tokens k/v`) and of all generated tokens (D3S's two levels; GRPO keeps all); Var(A) of all
+rollouts and of the kept ones (sample selection raises it); the mean entropy of the sampling
+distribution; the gradient norm before clipping; and, with several updates per step, the share of
+clipped tokens. A step that made no update has no gradient norm and no clipped share: those two
+curves have a gap there.
 
 The comparison (compare_runs, compare_figure, run_labels): held-out accuracy against the step and
 against the tokens trained, the mean reward, the share of rollouts kept and of generated tokens
 trained, and the tokens trained so far, one line per run. Each line is labelled by the knobs of its
 config.json that differ between the runs ("method=grpo" / "method=d3s"), leaving out the knobs that
 change nothing computed (config.UNNAMED: out_dir, device, eval_every, micro_batch_size ...) and
-keep ratios a method does not use. The held-out accuracy
-comes from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is
-drawn from its log.jsonl alone and its label says so.
+keep ratios a method does not use. The held-out accuracy comes from RUN/checkpoint/trainer.pt; a
+run without one (stopped before its first checkpoint) is drawn from its log.jsonl alone and its
+label says so.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
 rollout and token by token, the picture of what D3S keeps. For a few groups of the step just
@@ -34,9 +35,9 @@ sample selection dropped (it never reaches the model) is faded and struck throug
 rollout each token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's
 scores), and the tokens token selection trained are also bold and underlined in vermillion. A
 zero-variance group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what
-they train. The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt
-from RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the
-step before an evaluation, so the other steps cost nothing.
+they train. The page is one self-contained file (inline CSS, no script, nothing from the network),
+rebuilt from RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records
+only the step before an evaluation, so the other steps cost nothing.
 """
 import argparse
 import bisect
@@ -72,24 +73,27 @@ def read_log(run_dir):
 
 
 def read_history(run_dir):
-    """The held-out evaluations [{step, tokens, accuracy}] saved in RUN/checkpoint/trainer.pt, or None
-    when the run has no checkpoint yet."""
+    """The held-out evaluations [{step, tokens, accuracy}] saved in RUN/checkpoint/trainer.pt, or
+    None when the run has no checkpoint yet."""
     state = os.path.join(run_dir, "checkpoint", "trainer.pt")
     if not os.path.isfile(state):
         return None
     import torch  # only to read a checkpoint: `import plots` stays light
     try:
-        return torch.load(state, map_location="cpu", weights_only=False)["history"]  # a GPU run's, on any machine
+        # map_location: a GPU run's checkpoint, on any machine
+        return torch.load(state, map_location="cpu", weights_only=False)["history"]
     except Exception as err:  # a torn or foreign file: any of pickle's, zipfile's or torch's errors
         first = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(f"{state} cannot be read ({type(err).__name__}: {first})") from None
 
 
 def measured(row, key):
-    """row[key], or NaN (a gap in the curve) where the step made no update: such a step has no gradient
-    norm and no clipped share. Newer logs write null there; older ones wrote 0.0 with "updates": 0."""
+    """row[key], or NaN (a gap in the curve) where the step made no update: such a step has no
+    gradient norm and no clipped share. Newer logs write null there; older ones wrote 0.0 with
+    "updates": 0."""
     value = row.get(key)
-    return math.nan if value is None or row.get("updates") == 0 or row.get("no_signal") is True else value
+    no_update = value is None or row.get("updates") == 0 or row.get("no_signal") is True
+    return math.nan if no_update else value
 
 
 def curves_figure(rows, history, title):
@@ -99,19 +103,24 @@ def curves_figure(rows, history, title):
     (a, b, c), (d, e, g) = axes
 
     a.plot(steps, [r["reward"] for r in rows], label="reward (mean of the rollouts)", alpha=0.6)
-    a.plot([h["step"] for h in history], [h["accuracy"] for h in history], "o-", label="held-out accuracy (greedy)")
+    a.plot([h["step"] for h in history], [h["accuracy"] for h in history], "o-",
+           label="held-out accuracy (greedy)")
     a.set_ylim(0, 1)
     # two token shares, each named by its denominator: the step line's `tokens k/v` is the first
     b.plot(steps, [r["kept"] / r["rollouts"] for r in rows], label="rollouts kept / generated")
     b.plot(steps, [r["tokens"] / max(r["valid"], 1) for r in rows],
            label="tokens trained / kept rollouts' tokens (rho_t)")
-    b.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows], label="tokens trained / all generated tokens")
+    b.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows],
+           label="tokens trained / all generated tokens")
     b.set_ylim(0, 1.05)
     c.plot(steps, [r["var_adv"] for r in rows], label="Var(A), all rollouts")
     c.plot(steps, [r["var_kept"] for r in rows], label="Var(A), kept rollouts")
-    d.plot(steps, [r["entropy"] for r in rows], label="entropy of softmax(logits / T), kept rollouts")
-    e.plot(steps, [measured(r, "grad_norm") for r in rows], label="gradient norm (before clipping; gap: no update)")
-    g.plot(steps, [measured(r, "clip_frac") for r in rows], label="clipped share of kept tokens (gap: no update)")
+    d.plot(steps, [r["entropy"] for r in rows],
+           label="entropy of softmax(logits / T), kept rollouts")
+    e.plot(steps, [measured(r, "grad_norm") for r in rows],
+           label="gradient norm (before clipping; gap: no update)")
+    g.plot(steps, [measured(r, "clip_frac") for r in rows],
+           label="clipped share of kept tokens (gap: no update)")
     g.plot(steps, [r["truncated"] for r in rows], label="truncated rollouts")
     for ax in axes.flat:
         ax.set_xlabel("step")
@@ -124,7 +133,8 @@ def curves_figure(rows, history, title):
 
 
 def plot_run(run_dir, history=None):
-    """Write run_dir/curves.png. history: [{step, accuracy}] (None: read from run_dir/checkpoint/trainer.pt)."""
+    """Write run_dir/curves.png. history: [{step, accuracy}] (None: read from
+    run_dir/checkpoint/trainer.pt)."""
     if history is None:
         history = read_history(run_dir) or []
     fig = curves_figure(read_log(run_dir), history, os.path.basename(os.path.normpath(run_dir)))
@@ -140,8 +150,8 @@ OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "
 
 
 def _used(knob, config):
-    """Does this run's method use this keep ratio? config.json records 1 (or the 80/20 share) for a ratio
-    a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
+    """Does this run's method use this keep ratio? config.json records 1 (or the 80/20 share) for a
+    ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
     import d3s  # here: `import plots` needs no torch
     method = d3s.METHODS.get(config.get("method"))
     if knob not in RATIOS or method is None:
@@ -152,23 +162,28 @@ def _used(knob, config):
 
 
 def _value(v):
-    return f"{v:g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (bool, type(None))) else str(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return json.dumps(v) if isinstance(v, (bool, type(None))) else str(v)
 
 
 def run_labels(configs, names):
-    """One label per run: "knob=value, ..." for each knob whose value differs between the runs' configs
-    (config.json dicts; None: the run has none), in config order. A run without a config.json, or whose
-    label would be empty or another run's, is named by its folder (names) as well."""
+    """One label per run: "knob=value, ..." for each knob whose value differs between the runs'
+    configs (config.json dicts; None: the run has none), in config order. A run without a
+    config.json, or whose label would be empty or another run's, is named by its folder (names) as
+    well."""
     from machinery import config  # here: `import plots` needs no torch
-    # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed (where
-    # the run is written, when it reports, where it runs, how it fits in memory), and the method and model,
-    # which do change it: two runs that differ only in the others are the same run, so they label nothing
+    # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed
+    # (where the run is written, when it reports, where it runs, how it fits in memory), and the
+    # method and model, which do change it: two runs that differ only in the others are the same
+    # run, so they label nothing
     unlabelled = set(config.UNNAMED) - {"method", "model"}
     have = [c for c in configs if c is not None]
     knobs = list(dict.fromkeys(k for c in have for k in c if k not in unlabelled))
     differ = [k for k in knobs if len({_value(c.get(k)) for c in have if _used(k, c)}) > 1]
-    labels = [None if c is None else ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
-              for c in configs]
+    def knobs_of(c):  # "knob=value, ..."
+        return ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
+    labels = [None if c is None else knobs_of(c) for c in configs]
     out = []
     for name, c, label in zip(names, configs, labels):
         if c is None:
@@ -191,28 +206,33 @@ def compare_figure(runs, title, smooth=10):
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.6), dpi=70)
     (acc_step, acc_tok, reward), (kept, tokens, total) = axes
     for i, run in enumerate(runs):
-        style = dict(color=OKABE_ITO[i % len(OKABE_ITO)], linestyle=["-", "--", ":"][i // len(OKABE_ITO) % 3])
+        style = dict(color=OKABE_ITO[i % len(OKABE_ITO)],
+                     linestyle=["-", "--", ":"][i // len(OKABE_ITO) % 3])
         rows, history = run["rows"], run["history"] or []
-        label = run["label"] + ("" if run["history"] is not None else " (no checkpoint: no held-out accuracy)")
+        no_accuracy = " (no checkpoint: no held-out accuracy)"
+        label = run["label"] + ("" if run["history"] is not None else no_accuracy)
         steps = [r["step"] for r in rows]
-        acc_step.plot([h["step"] for h in history], [h["accuracy"] for h in history], marker="o", ms=4, label=label,
-                      **style)
+        acc_step.plot([h["step"] for h in history], [h["accuracy"] for h in history], marker="o",
+                      ms=4, label=label, **style)
         with_tokens = [h for h in history if "tokens" in h]
-        acc_tok.plot([h["tokens"] for h in with_tokens], [h["accuracy"] for h in with_tokens], marker="o", ms=4,
-                     **style)
+        acc_tok.plot([h["tokens"] for h in with_tokens], [h["accuracy"] for h in with_tokens],
+                     marker="o", ms=4, **style)
         rewards = [r["reward"] for r in rows]
         reward.plot(steps, rewards, alpha=0.25, lw=1, **style)
         reward.plot(steps, _trailing_mean(rewards, smooth), **style)
         kept.plot(steps, [r["kept"] / r["rollouts"] for r in rows], **style)
         tokens.plot(steps, [r["tokens"] / max(r["valid_all"], 1) for r in rows], **style)
         so_far, n = [], 0
-        for r in rows:  # older logs have no tokens_trained: the running sum of the steps' tokens is the same
+        for r in rows:  # older logs have no tokens_trained: the running sum of the steps' tokens
             n = r.get("tokens_trained", n + r["tokens"])
             so_far.append(n)
         total.plot(steps, so_far, **style)
-    titles = [("held-out accuracy (greedy)", "step"), ("held-out accuracy (greedy)", "tokens trained"),
-              (f"mean reward of the rollouts\n(faint: each step; solid: mean of the last {smooth})", "step"),
-              ("rollouts kept / generated", "step"), ("tokens trained / all generated tokens", "step"),
+    titles = [("held-out accuracy (greedy)", "step"),
+              ("held-out accuracy (greedy)", "tokens trained"),
+              (f"mean reward of the rollouts\n(faint: each step; solid: mean of the last {smooth})",
+               "step"),
+              ("rollouts kept / generated", "step"),
+              ("tokens trained / all generated tokens", "step"),
               ("tokens trained so far", "step")]
     for ax, (name, xlabel) in zip(axes.flat, titles):
         ax.set_title(name, fontsize=11)
@@ -224,24 +244,26 @@ def compare_figure(runs, title, smooth=10):
         ax.set_ylim(0, 1)
     for ax in (kept, tokens):
         ax.set_ylim(0, 1.05)
-    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(runs), 3), fontsize=10, frameon=False)
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(runs), 3), fontsize=10,
+               frameon=False)
     fig.suptitle(title, y=0.995)
     fig.subplots_adjust(left=0.04, right=0.99, top=0.84, bottom=0.07, wspace=0.16, hspace=0.38)
     return fig
 
 
 def load_runs(run_dirs):
-    """[{"label", "rows", "history"}] for train.py run folders: log.jsonl's rows, the held-out evaluations
-    (None: no checkpoint yet) and the label run_labels gives. Raises ValueError (one line) for a folder
-    that is not a run."""
+    """[{"label", "rows", "history"}] for train.py run folders: log.jsonl's rows, the held-out
+    evaluations (None: no checkpoint yet) and the label run_labels gives. Raises ValueError (one
+    line) for a folder that is not a run."""
     runs, configs = [], []
     for run_dir in run_dirs:
         if not os.path.isdir(run_dir):
-            raise ValueError(f"{run_dir} is not a folder; give train.py run folders (out/d3s-tiny ...)")
+            raise ValueError(f"{run_dir} is not a folder; give train.py run folders "
+                             f"(out/d3s-tiny ...)")
         rows, history = read_log(run_dir), read_history(run_dir)
         if not rows and history is None:
-            raise ValueError(f"{run_dir} has neither log.jsonl nor checkpoint/trainer.pt; is it a train.py run "
-                             f"folder?")
+            raise ValueError(f"{run_dir} has neither log.jsonl nor checkpoint/trainer.pt; is it a "
+                             f"train.py run folder?")
         path = os.path.join(run_dir, "config.json")
         config = None
         if os.path.isfile(path):
@@ -257,13 +279,14 @@ def load_runs(run_dirs):
 def compare_runs(run_dirs, out):
     """Write the comparison of run_dirs (train.py run folders) to `out` (PNG). -> out."""
     runs = load_runs(run_dirs)
-    fig = compare_figure(runs, f"{', '.join(os.path.normpath(r) for r in run_dirs)}: each line labelled by what "
-                               f"differs in its config.json")
+    names = ", ".join(os.path.normpath(r) for r in run_dirs)
+    fig = compare_figure(runs, f"{names}: each line labelled by what differs in its config.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
-    # [ours] 64 colours: a picture small enough to commit (about 30 KB instead of 90), the lines unchanged to the eye
+    # [ours] 64 colours: a picture small enough to commit (about 30 KB instead of 90), the lines
+    # unchanged to the eye
     buffer.seek(0)
     Image.open(buffer).convert("RGB").quantize(64).save(out, format="png", optimize=True)
     return out
@@ -283,15 +306,17 @@ def compare_runs(run_dirs, out):
 #                "rollouts": [{"row", "reward", "adv", "kept", "truncated",
 #                              "tokens": [str] (each id decoded on its own, valid tokens only),
 #                              "trained": [0/1] per token, or null for a dropped rollout,
-#                              "scores": [float] per token, or null (dropped, or nothing scored)}]}]}
+#                              "scores": [float] per token, or null (dropped, or nothing
+#                                        scored)}]}]}
 
 FORMAT = "nanoD3S selection 1"
-BINS = 8  # shades of the score, by eighths of the step's scores: 8 CSS classes keep each token's markup short
+BINS = 8  # shades of the score, by eighths of the step's scores: 8 CSS classes, short markup
 KINDS = ("mixed", "all right", "all wrong")  # the order groups are shown in
 
 
 def _group_kind(rewards):
-    """A group's rewards -> "mixed", or "all right" / "all wrong" when they are all equal (A = 0 for all)."""
+    """A group's rewards -> "mixed", or "all right" / "all wrong" for a zero-variance group (all
+    rewards equal, A = 0 for all)."""
     if max(rewards) != min(rewards):
         return "mixed"
     return "all right" if rewards[0] > 0 else "all wrong"
@@ -302,7 +327,8 @@ def pick_groups(group_rewards, max_groups=4):
 
     The rule: the first mixed group, then the first all-right and the first all-wrong zero-variance
     group when the step has them (their A is 0: they show what sample selection drops first), then
-    more mixed groups, then any other group, each in the step's order. Shown mixed first, then all right, all wrong.
+    more mixed groups, then any other group, each in the step's order. Shown mixed first, then all
+    right, all wrong.
     """
     kinds = [_group_kind(r) for r in group_rewards]
     first = {k: [i for i, kind in enumerate(kinds) if kind == k] for k in KINDS}
@@ -320,12 +346,13 @@ def _plain(value):
 
 
 def _sig(x, digits=3):
-    """A float to `digits` significant digits: the page shows two, the record keeps a little more."""
+    """A float to `digits` significant digits: the page shows two, the record keeps a little
+    more."""
     return float(f"{x:.{digits}g}")
 
 
-def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx, token_mask, scores, stats,
-                     max_groups=4):
+def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx, token_mask, scores,
+                     stats, max_groups=4):
     """
     The selection page's data for one step, as plain JSON-able Python, for a few groups only
     (pick_groups). rollouts: the step's B = P * G rows, group by group; rewards, adv (B,); idx (N,)
@@ -334,22 +361,27 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     the method does no token selection. stats: the step's log row (step, method, rho_s, rho_t, ...).
     Tokens are decoded one id at a time, special tokens included: that is what the model saw.
     """
-    ids, mask, truncated = rollouts.completion_ids.cpu(), rollouts.completion_mask.cpu(), rollouts.truncated.cpu()
+    ids, mask = rollouts.completion_ids.cpu(), rollouts.completion_mask.cpu()  # (B, T)
+    truncated = rollouts.truncated.cpu()  # (B,)
     B, P = ids.shape[0], len(questions)
     if P == 0 or B % P or len(answers) != P:
-        raise ValueError(f"selection_record: {B} rollouts, {P} questions and {len(answers)} answers; "
-                         f"need B = P * G rollouts laid out group by group and one answer per question")
+        raise ValueError(f"selection_record: {B} rollouts, {P} questions and {len(answers)} "
+                         f"answers; need B = P * G rollouts laid out group by group and one answer "
+                         f"per question")
     G = B // P
     rewards, adv = rewards.detach().float().cpu(), adv.detach().float().cpu()  # (B,)
     idx, token_mask = idx.cpu(), token_mask.cpu()  # (N,), (N, T)
     if rewards.shape != (B,) or adv.shape != (B,) or token_mask.shape != (len(idx), ids.shape[1]):
-        raise ValueError(f"selection_record: rewards {tuple(rewards.shape)}, adv {tuple(adv.shape)}, token_mask "
-                         f"{tuple(token_mask.shape)}; need ({B},), ({B},) and ({len(idx)}, {ids.shape[1]})")
-    kept_at = {row: n for n, row in enumerate(idx.tolist())}  # row -> its position among the kept rows
+        raise ValueError(f"selection_record: rewards {tuple(rewards.shape)}, adv "
+                         f"{tuple(adv.shape)}, token_mask {tuple(token_mask.shape)}; need ({B},), "
+                         f"({B},) and "
+                         f"({len(idx)}, {ids.shape[1]})")
+    kept_at = {row: n for n, row in enumerate(idx.tolist())}  # row -> its place among the kept rows
     import d3s  # here, not at the top: rebuilding a page from its JSON needs no torch
     method = stats.get("method")
-    modes = d3s.METHODS.get(method, {})  # train.py's row names the modes too; this is for other callers
-    sample_mode, token_mode = stats.get("sample_mode", modes.get("sample")), stats.get("token_mode", modes.get("token"))
+    modes = d3s.METHODS.get(method, {})  # train.py's row names the modes too; this is for others
+    sample_mode = stats.get("sample_mode", modes.get("sample"))
+    token_mode = stats.get("token_mode", modes.get("token"))
 
     score_max = score_cut = edges = None
     if scores is not None:
@@ -357,11 +389,11 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
         scored = scores[mask[idx]].sort().values  # every valid token of the kept rows, ascending
         if len(scored):
             score_max = _sig(scored[-1].item())
-            # [ours] shades by rank, not by value: a few outliers (large |A| times a rare high H) would
-            # otherwise leave almost every token in the lightest shade
+            # [ours] shades by rank, not by value: a few outliers (large |A| times a rare high H)
+            # would otherwise leave almost every token in the lightest shade
             edges = [_sig(scored[b * len(scored) // BINS].item()) for b in range(1, BINS)]
         if token_mask.any():
-            score_cut = _sig(scores[token_mask].min().item())  # token selection kept every score above this
+            score_cut = _sig(scores[token_mask].min().item())  # token selection kept all above it
 
     special = set(getattr(tokenizer, "all_special_tokens", []))
     decoded = {}  # id -> its text: each id decoded once
@@ -380,42 +412,46 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
             shown.update(tokens)
             n = kept_at.get(b)
             rows.append({
-                "row": b, "reward": round(rewards[b].item(), 4), "adv": round(adv[b].item(), 4), "kept": n is not None,
-                "truncated": bool(truncated[b]), "tokens": tokens,
+                "row": b, "reward": round(rewards[b].item(), 4), "adv": round(adv[b].item(), 4),
+                "kept": n is not None, "truncated": bool(truncated[b]), "tokens": tokens,
                 "trained": None if n is None else [int(t) for t in token_mask[n, cols].tolist()],
-                "scores": None if n is None or scores is None else [_sig(s) for s in scores[n, cols].tolist()],
+                "scores": None if n is None or scores is None else [_sig(s) for s in
+                                                                    scores[n, cols].tolist()],
             })
-        groups.append({"prompt": g, "kind": kind, "question": str(questions[g]), "answer": str(answers[g]),
-                       "rollouts": rows})
+        groups.append({"prompt": g, "kind": kind, "question": str(questions[g]),
+                       "answer": str(answers[g]), "rollouts": rows})
     return {
         "format": FORMAT, "step": int(stats["step"]), "method": method, "sample_mode": sample_mode,
         "token_mode": token_mode, "prompts": P, "group_size": G,
         "stats": {k: _plain(v) for k, v in stats.items()},
         "score": None if scores is None else ("H" if token_mode == "entropy" else "|A|·H"),
-        "score_max": score_max, "score_cut": score_cut, "score_edges": edges, "specials": sorted(special & shown),
+        "score_max": score_max, "score_cut": score_cut, "score_edges": edges,
+        "specials": sorted(special & shown),
         "groups": groups,
     }
 
 
-# What each level keeps under each mode, in words for the page (docs/algorithm.md has the exact rules).
+# What each level keeps under each mode, in words for the page (docs/algorithm.md has the rules).
 SAMPLE_RULES = {
     "none": "every rollout (no sample selection).",
-    "cross": "the share ρs of the step's rollouts whose advantages have the largest variance, pooled over the "
-             "step. Such a set is always some of the step's largest A and the rest of its smallest, so a group "
-             "may keep only its wrong (or only its right) rollouts, and zero-variance groups (all right or all "
-             "wrong, so A = 0) are the first dropped. A dropped rollout never reaches the model again.",
-    "intra": "inside each group, the rollouts whose advantages have the largest variance. A dropped rollout never "
-             "reaches the model again.",
-    "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their advantages are "
-            "re-normalised, and the A shown is the full group's. A dropped rollout never reaches the model again.",
+    "cross": "the share ρs of the step's rollouts whose advantages have the largest variance, "
+             "pooled over the step. Such a set is always some of the step's largest A and the rest "
+             "of its smallest, so a group may keep only its wrong (or only its right) rollouts, "
+             "and zero-variance groups (all right or all wrong, so A = 0) are the first dropped. A "
+             "dropped rollout never reaches the model again.",
+    "intra": "inside each group, the rollouts whose advantages have the largest variance. A "
+             "dropped rollout never reaches the model again.",
+    "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their "
+            "advantages are re-normalised, and the A shown is the full group's. A dropped rollout "
+            "never reaches the model again.",
     "random": "the share ρs of the step's rollouts, at random (a control).",
 }
 TOKEN_RULES = {
     "none": "every token of a kept rollout (no token selection): nothing is scored or shaded.",
-    "adv_entropy": "the share ρt of the kept rollouts' tokens with the highest score |A|·H (advantage times "
-                   "entropy), pooled over the step.",
-    "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 rule), pooled "
-               "over the step.",
+    "adv_entropy": "the share ρt of the kept rollouts' tokens with the highest score |A|·H "
+                   "(advantage times entropy), pooled over the step.",
+    "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 "
+               "rule), pooled over the step.",
 }
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
@@ -443,7 +479,8 @@ table{border-collapse:collapse;width:100%;table-layout:fixed}
 th:nth-child(-n+2){width:46px}
 th:nth-child(3){width:72px}
 th:nth-child(4){width:64px}
-td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:nowrap;font-size:13px}
+td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:nowrap;
+ font-size:13px}
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:1.4}
@@ -458,9 +495,10 @@ i{font-style:normal;color:#aaa}
 .sp{color:PURPLE;border:1px solid PURPLE;border-radius:3px;font-size:11px;padding:0 2px}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
 """.replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE)
-# the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7 the highest
-CSS += "".join(f".k{b},.d{b}{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n"
-               for b in range(BINS))
+# the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7
+# the highest
+CSS += "".join(f".k{b},.d{b}{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},"
+               f"{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n" for b in range(BINS))
 
 WHITESPACE = {" ": "·", "\t": "→", "\n": "↵"}  # shown faint; a newline is also a real line break
 
@@ -472,7 +510,7 @@ def _visible(text):
     out, faint = [], None  # runs of plain and of faint characters, so "   " is one <i>···</i>
     for c in text:
         mark = WHITESPACE.get(c)
-        if mark is None and unicodedata.category(c)[0] in "CZ":  # other spaces, controls: their code
+        if mark is None and unicodedata.category(c)[0] in "CZ":  # other spaces, controls: a code
             mark = c.encode("unicode_escape").decode()
         is_faint = mark is not None
         if is_faint != faint:
@@ -489,14 +527,18 @@ def _stat(stats, key, spec):
 
 
 def _token(text, trained, score, edges, special):
-    """One token as <u class=k5 title=0.83>text</u>: k trained / d not (None: a dropped rollout), then
-    its eighth of the step's scores. <u> is HTML's element for text with a non-textual annotation; a
-    page can hold 16k tokens, so the markup is short: one class, unquoted values (valid HTML5 when
-    they hold no space), the score to 2 digits."""
+    """One token as <u class=k5 title=0.83>text</u>: k trained / d not (None: a dropped rollout),
+    then its eighth of the step's scores. <u> is HTML's element for text with a non-textual
+    annotation; a page can hold 16k tokens, so the markup is short: one class, unquoted values
+    (valid HTML5 when they hold no space), the score to 2 digits."""
     cls = ""  # a dropped rollout: no mark, no score
     if trained is not None:
-        cls = ("k" if trained else "d") + ("" if score is None else str(bisect.bisect_left(edges, score)))
-    attrs = (f' class="{cls} sp"' if cls else ' class=sp') if special else (f" class={cls}" if cls else "")
+        shade = "" if score is None else str(bisect.bisect_left(edges, score))
+        cls = ("k" if trained else "d") + shade
+    if special:
+        attrs = f' class="{cls} sp"' if cls else " class=sp"
+    else:
+        attrs = f" class={cls}" if cls else ""
     attrs += "" if score is None else f" title={score:.2g}"
     return f"<u{attrs}>{html.escape(text) if special else _visible(text)}</u>"
 
@@ -505,31 +547,35 @@ def _rollout_row(r, record):
     """One <tr>: reward, A, kept or dropped, trained tokens, then the tokens."""
     specials, edges = set(record["specials"]), record["score_edges"] or []
     n = len(r["tokens"])
-    trained, scores = r["trained"] or [None] * n, r["scores"] or [None] * n  # None: dropped, or nothing scored
-    cells = [_token(text, t, s, edges, text in specials) for text, t, s in zip(r["tokens"], trained, scores)]
+    # None: a dropped rollout, or nothing scored
+    trained, scores = r["trained"] or [None] * n, r["scores"] or [None] * n
+    cells = [_token(text, t, s, edges, text in specials)
+             for text, t, s in zip(r["tokens"], trained, scores)]
     count = f"{sum(r['trained'])}/{n}" if r["kept"] else "–"
-    status = ("kept" if r["kept"] else "dropped") + ("<br><small>truncated</small>" if r["truncated"] else "")
-    reward, adv = f"{r['reward']:g}", f"{r['adv']:+.2f}" if r["adv"] else "0"  # A = 0: no sign to read
-    return (f'<tr class="{"kept" if r["kept"] else "dropped"}" data-row="{r["row"]}"><td class="num">{reward}</td>'
+    state = "kept" if r["kept"] else "dropped"
+    status = state + ("<br><small>truncated</small>" if r["truncated"] else "")
+    reward, adv = f"{r['reward']:g}", f"{r['adv']:+.2f}" if r["adv"] else "0"  # A = 0: no sign
+    return (f'<tr class="{state}" data-row="{r["row"]}"><td class="num">{reward}</td>'
             f'<td class="num">{adv}</td><td>{status}</td><td class="num">{count}</td>'
             f'<td class="toks">{"".join(cells)}</td></tr>')
 
 
 def _why_kept(g, record):
-    """For a zero-variance group (A = 0) with rollouts kept: why sample selection kept them, and what
-    they train. One <p>, or "" for any other group."""
+    """For a zero-variance group (A = 0) with rollouts kept: why sample selection kept them, and
+    what they train. One <p>, or "" for any other group."""
     kept = [r for r in g["rollouts"] if r["kept"]]
     if g["kind"] == "mixed" or not kept:
         return ""
     st, sample = record["stats"], record["sample_mode"]
-    if sample == "cross":  # A = 0 rollouts are taken only once every A != 0 one is (d3s.select_samples)
+    if sample == "cross":  # A = 0 rollouts are taken only once every A != 0 one is (select_samples)
         known = isinstance(st.get("zero_var"), (int, float)) and isinstance(st.get("rollouts"), int)
         mixed = f"the {round((1 - st['zero_var']) * st['rollouts'])}" if known else "the rollouts"
         why = (f"sample selection, pooled over the step, kept {_stat(st, 'kept', 'd')} of "
-               f"{_stat(st, 'rollouts', 'd')} rollouts (ρs {_stat(st, 'rho_s', '.2f')}), more than {mixed} in "
-               f"groups with mixed rewards, so it took rollouts with A = 0 too.")
+               f"{_stat(st, 'rollouts', 'd')} rollouts (ρs {_stat(st, 'rho_s', '.2f')}), more than "
+               f"{mixed} in groups with mixed rewards, so it took rollouts with A = 0 too.")
     elif sample in ("intra", "pods"):
-        why = "sample selection keeps the same number of rollouts in every group, a zero-variance group too."
+        why = ("sample selection keeps the same number of rollouts in every group, a zero-variance "
+               "group too.")
     elif sample == "random":
         why = "random sample selection does not look at A."
     else:
@@ -538,72 +584,89 @@ def _why_kept(g, record):
     if st.get("skipped_reason"):
         what = "This step made no update, so nothing was trained."
     elif trained == 0:
-        what = ("A rollout with A = 0 has nothing to learn, so token selection trains none of its tokens and its "
-                "loss is 0.")
+        what = ("A rollout with A = 0 has nothing to learn, so token selection trains none of its "
+                "tokens and its loss is 0.")
     else:  # no token selection, or one that scores by entropy alone: such tokens are in the update
-        what = (f"A rollout with A = 0 has nothing to learn: the {trained} tokens marked trained here add 0 to the "
-                f"policy loss (only a KL term, β > 0, acts on them), yet each counts in the token mean of its update.")
-    return f'<p class="why"><b>Why {len(kept)} kept with A = 0:</b> {html.escape(why)} {html.escape(what)}</p>'
+        what = (f"A rollout with A = 0 has nothing to learn: the {trained} tokens marked trained "
+                f"here add 0 to the policy loss (only a KL term, β > 0, acts on them), yet each "
+                f"counts in the token mean of its update.")
+    return (f'<p class="why"><b>Why {len(kept)} kept with A = 0:</b> {html.escape(why)} '
+            f'{html.escape(what)}</p>')
 
 
 def selection_html(record, links=()):
-    """The page of one step's record, as a string: a pure function of the record. links: (label, href)
-    pairs for a line of links to other steps' pages."""
+    """The page of one step's record, as a string: a pure function of the record. links: (label,
+    href) pairs for a line of links to other steps' pages."""
     st, e = record["stats"], html.escape
     name, sample, token = record["method"] or "?", record["sample_mode"], record["token_mode"]
     n_right = lambda g: sum(r["reward"] > 0 for r in g["rollouts"])  # noqa: E731
     parts = [f"<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
-             f"<title>step {record['step']}: what {e(name)} keeps</title><style>{CSS}</style></head>"
-             + ('<body class="all">' if token == "none" else "<body>"),  # every token trained: a quieter mark
+             f"<title>step {record['step']}: what {e(name)} keeps</title>"
+             f"<style>{CSS}</style></head>"
+             + ('<body class="all">' if token == "none" else "<body>"),  # all trained: quieter
              f"<h1>Step {record['step']}: what {e(name)} keeps</h1>"]
     if links:
-        nav = [f"<b>{t}</b>" if t == record["step"] else f'<a href="{e(h)}">{e(str(t))}</a>' for t, h in links]
-        parts.append("<nav>steps: " + " · ".join(nav) + "</nav>")  # this page's step in bold, not a link
+        nav = [f"<b>{t}</b>" if t == record["step"] else f'<a href="{e(h)}">{e(str(t))}</a>'
+               for t, h in links]
+        parts.append("<nav>steps: " + " · ".join(nav) + "</nav>")  # this page's step in bold
     generated = f" of {st['valid_all']}" if isinstance(st.get("valid_all"), int) else ""
-    zero_var = f"{100 * st['zero_var']:.0f}%" if isinstance(st.get("zero_var"), (int, float)) else "?"
-    cards = [("ρs · ρt", f"{_stat(st, 'rho_s', '.2f')} · {_stat(st, 'rho_t', '.2f')}", "keep ratios applied"),
-             ("rollouts", f"{_stat(st, 'kept', 'd')} / {_stat(st, 'rollouts', 'd')}", "kept / generated"),
-             ("tokens", f"{_stat(st, 'tokens', 'd')} / {_stat(st, 'valid', 'd')}", "trained / in kept rollouts"
-              + generated),
-             ("Var(A)", f"{_stat(st, 'var_adv', '.2f')} → {_stat(st, 'var_kept', '.2f')}", "all → kept rollouts"),
-             ("zero-variance groups", zero_var, f"of {record['prompts']}, {record['group_size']} rollouts each"),
+    zero_var = "?"
+    if isinstance(st.get("zero_var"), (int, float)):
+        zero_var = f"{100 * st['zero_var']:.0f}%"
+    cards = [("ρs · ρt", f"{_stat(st, 'rho_s', '.2f')} · {_stat(st, 'rho_t', '.2f')}",
+              "keep ratios applied"),
+             ("rollouts", f"{_stat(st, 'kept', 'd')} / {_stat(st, 'rollouts', 'd')}",
+              "kept / generated"),
+             ("tokens", f"{_stat(st, 'tokens', 'd')} / {_stat(st, 'valid', 'd')}",
+              "trained / in kept rollouts" + generated),
+             ("Var(A)", f"{_stat(st, 'var_adv', '.2f')} → {_stat(st, 'var_kept', '.2f')}",
+              "all → kept rollouts"),
+             ("zero-variance groups", zero_var,
+              f"of {record['prompts']}, {record['group_size']} rollouts each"),
              ("reward", _stat(st, "reward", ".2f"), "mean of the rollouts")]
-    parts.append('<div class="cards">' + "".join(f"<div class=card><small>{e(a)}</small><b>{e(b)}</b><small>{e(c)}"
-                                                 f"</small></div>" for a, b, c in cards) + "</div>")
+    parts.append('<div class="cards">' + "".join(f"<div class=card><small>{e(a)}</small><b>{e(b)}"
+                                                 f"</b><small>{e(c)}</small></div>"
+                                                 for a, b, c in cards) + "</div>")
     if st.get("skipped_reason"):
-        parts.append(f'<p class="warn">This step made no update: {e(str(st["skipped_reason"]))}</p>')
+        parts.append(f'<p class="warn">This step made no update: '
+                     f'{e(str(st["skipped_reason"]))}</p>')
     if sample == "none" and token == "none":
-        parts.append('<p class="rule"><b>This method keeps every rollout and trains every token of each</b>: all are '
-                     'kept and marked trained, nothing is struck out, and nothing is scored.</p>')
+        parts.append('<p class="rule"><b>This method keeps every rollout and trains every token '
+                     'of each</b>: all are kept and marked trained, nothing is struck out, and '
+                     'nothing is scored.</p>')
     else:
         parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
-                     f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token selection, {e(str(token))}): '
-                     f'{e(TOKEN_RULES.get(token, "?"))}</p>')
+                     f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token '
+                     f'selection, {e(str(token))}): {e(TOKEN_RULES.get(token, "?"))}</p>')
 
-    # the legend: each mark that can appear in the rows below, styled by the rules that style them there
+    # the legend: each mark that can appear in the rows below, styled by the rules that style them
     shade = (5, 2) if record["score"] else ("", "")
     legend = [f"<u class=k{shade[0]}>trained</u> token"]
-    legend += [] if token == "none" else [f"<u class=d{shade[1]}>not trained</u> token of a kept rollout"]
-    legend += [] if sample == "none" else ['<span class="gone">dropped</span> rollout (sample selection: it '
-                                           'never reaches the model)']
+    if token != "none":
+        legend.append(f"<u class=d{shade[1]}>not trained</u> token of a kept rollout")
+    if sample != "none":
+        legend.append('<span class="gone">dropped</span> rollout (sample selection: it never '
+                      'reaches the model)')
     legend += ["<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
     if record["score"] and record["score_cut"] is not None:
         shades = "".join(f"<u class=d{b}>&nbsp;</u>" for b in range(BINS))
         legend.insert(2, f"score {e(record['score'])}: low {shades} high (by eighths; trained from "
                          f"{record['score_cut']:.3g} up)")
-    parts.append('<p class="legend">' + " ".join(f'<span class="key">{x}</span>' for x in legend) + "</p>")
+    parts.append('<p class="legend">' + " ".join(f'<span class="key">{x}</span>' for x in legend)
+                 + "</p>")
     hover = "; hover a token for its score" if record["score"] else ""
-    parts.append(f"<p class=rule>{len(record['groups'])} of the step's {record['prompts']} groups (mixed first, "
-                 f"then one all-right and one all-wrong zero-variance group when the step has them). A: the "
-                 f"rollout's advantage{hover}.</p>")
+    parts.append(f"<p class=rule>{len(record['groups'])} of the step's {record['prompts']} groups "
+                 f"(mixed first, then one all-right and one all-wrong zero-variance group when the "
+                 f"step has them). A: the rollout's advantage{hover}.</p>")
 
     for g in record["groups"]:
         kept = sum(r["kept"] for r in g["rollouts"])
         kind = g["kind"] if g["kind"] == "mixed" else f"zero-variance group ({g['kind']})"
         parts.append(f'<div class="group"><h2>Prompt {g["prompt"]} · {e(kind)}: {n_right(g)} of '
                      f'{len(g["rollouts"])} right · {kept} kept · reference answer '
-                     f'<code>{e(g["answer"])}</code></h2>{_why_kept(g, record)}<div class="q">{e(g["question"])}</div>'
-                     '<table><tr><th>reward</th><th>A</th><th>sample</th><th>trained</th><th>tokens</th></tr>')
+                     f'<code>{e(g["answer"])}</code></h2>{_why_kept(g, record)}'
+                     f'<div class="q">{e(g["question"])}</div><table><tr><th>reward</th><th>A</th>'
+                     '<th>sample</th><th>trained</th><th>tokens</th></tr>')
         parts += [_rollout_row(r, record) for r in g["rollouts"]]
         parts.append("</table></div>")
     parts.append("</body></html>\n")
@@ -630,11 +693,13 @@ def _write_step_page(run_dir, record):
 
 
 def _write_top_page(run_dir, record):
-    """RUN/selection.html: this record's page, with links to every recorded step's page. -> its path."""
+    """RUN/selection.html: this record's page, with links to every recorded step's page. -> its
+    path."""
     found = glob.glob(os.path.join(run_dir, "selection", "step_??????.json"))
     steps = sorted(int(os.path.basename(p)[5:11]) for p in found)
     path = os.path.join(run_dir, "selection.html")
-    _write(path, selection_html(record, links=[(s, f"selection/{_step_name(s)}.html") for s in steps]))
+    links = [(s, f"selection/{_step_name(s)}.html") for s in steps]
+    _write(path, selection_html(record, links=links))
     return path
 
 
@@ -658,34 +723,40 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv):
     parser = OneLineParser(
-        prog="python -m machinery.plots", description="One RUN: rebuild RUN/curves.png and RUN/selection.html (and its step "
-        "pages) from the run's files. Two or more: one picture comparing them (held-out accuracy against step and "
-        "against tokens trained, mean reward, rollouts kept / generated, tokens trained / generated), each line "
-        "labelled by what differs between the runs' config.json. Prints the paths it wrote.")
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="a train.py run folder (out/d3s-tiny ...)")
+        prog="python -m machinery.plots", description="One RUN: rebuild RUN/curves.png and "
+        "RUN/selection.html (and its step pages) from the run's files. Two or more: one picture "
+        "comparing them (held-out accuracy against step and against tokens trained, mean reward, "
+        "rollouts kept / generated, tokens trained / generated), each line labelled by what "
+        "differs between the runs' config.json. Prints the paths it wrote.")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a train.py run folder (out/d3s-tiny ...)")
     parser.add_argument("--out", default=None, metavar="PATH",
-                        help="where the comparison of two or more runs is written (default out/compare.png)")
+                        help="where the comparison of two or more runs is written "
+                             "(default out/compare.png)")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
-    """`python -m machinery.plots RUN`: rebuild RUN/curves.png and the selection pages from RUN's files.
-    `python -m machinery.plots RUN RUN ... [--out PATH]`: the comparison picture. -> exit code (2: bad input)."""
+    """`python -m machinery.plots RUN`: rebuild RUN/curves.png and the selection pages from RUN's
+    files. `python -m machinery.plots RUN RUN ... [--out PATH]`: the comparison picture. -> exit
+    code (2: bad input)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if len(args.runs) > 1:
         try:
             print(compare_runs(args.runs, args.out or os.path.join("out", "compare.png")))
-        except (OSError, KeyError, TypeError, ValueError) as err:  # json's and a bad row's errors too
-            print(f"plots.py: cannot compare these runs: {type(err).__name__} {err}", file=sys.stderr)
+        except (OSError, KeyError, TypeError, ValueError) as err:  # json's and a bad row's too
+            print(f"plots.py: cannot compare these runs: {type(err).__name__} {err}",
+                  file=sys.stderr)
             return 2
         return 0
     if args.out is not None:
-        print("plots.py: --out names the comparison of two or more runs; with one RUN plots.py rebuilds "
-              "RUN/curves.png and RUN/selection.html", file=sys.stderr)
+        print("plots.py: --out names the comparison of two or more runs; with one RUN plots.py "
+              "rebuilds RUN/curves.png and RUN/selection.html", file=sys.stderr)
         return 2
     run_dir = args.runs[0]
     if not os.path.isdir(run_dir):
-        print(f"plots.py: {run_dir} is not a folder; give a train.py run folder (out/d3s-tiny ...)", file=sys.stderr)
+        print(f"plots.py: {run_dir} is not a folder; give a train.py run folder (out/d3s-tiny ...)",
+              file=sys.stderr)
         return 2
     log = os.path.join(run_dir, "log.jsonl")
     records = []
@@ -699,8 +770,8 @@ def main(argv=None):
             print(f"plots.py: {path} is not a selection record: {err}", file=sys.stderr)
             return 2
     if not os.path.isfile(log) and not records:
-        print(f"plots.py: {run_dir} has neither log.jsonl nor selection/*.json; is it a train.py run folder?",
-              file=sys.stderr)
+        print(f"plots.py: {run_dir} has neither log.jsonl nor selection/*.json; is it a train.py "
+              f"run folder?", file=sys.stderr)
         return 2
     written = []
     try:
@@ -712,7 +783,8 @@ def main(argv=None):
         if records:  # the top page shows the latest step
             written.append(_write_top_page(run_dir, records[-1]))
     except (KeyError, TypeError, ValueError) as err:
-        print(f"plots.py: {run_dir}: cannot rebuild its pictures: {type(err).__name__} {err}", file=sys.stderr)
+        print(f"plots.py: {run_dir}: cannot rebuild its pictures: {type(err).__name__} {err}",
+              file=sys.stderr)
         return 2
     print("\n".join(written))
     return 0

@@ -1,7 +1,8 @@
 """plots.py. The selection page on hand-made steps: it marks exactly what d3s.select_samples and
-d3s.select_tokens kept, escapes every token, says what grpo keeps and why an A = 0 group has kept
-rollouts, rebuilds from its JSON, and renders in a real headless browser. curves.png's curves (a gap
-where a step made no update, each token share named by its denominator) and the comparison of runs
+d3s.select_tokens kept, escapes every token, says what grpo keeps and why a zero-variance group has
+kept rollouts, rebuilds from its JSON, and renders in a real headless browser, where a dropped
+rollout, an untrained token and a trained one look different. curves.png's curves (a gap where a
+step made no update, each token share named by its denominator) and the comparison of runs
 (labels, curves, the command and its one-line refusals)."""
 import dataclasses
 import html
@@ -31,7 +32,8 @@ TEXTS = [
     " 1+2=3\n#### 3", " 1+2=4\n#### 4", " 1+2=5\n#### 5", " 1+2=3\n#### 3",   # mixed
     " 9+9=8\n#### 8", " 9+9=8\n#### 8", " 9+9=8\n#### 8", " 9+9=8\n#### 8",   # all right
     " 5+6=2\n#### 2", " 5+6=0\n#### 0", " 5+6=9\n#### 9", " 5+6=2\n#### 2",   # all wrong
-    " 2+2=4\n#### 4", " 2+2=5\n#### 5", " 2+2=6\n#### 6", " 2+2=7\n#### 7 and more",  # mixed, last cut
+    " 2+2=4\n#### 4", " 2+2=5\n#### 5", " 2+2=6\n#### 6",
+    " 2+2=7\n#### 7 and more",  # mixed, the last cut
 ]
 REWARDS = [1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0]
 QUESTIONS, ANSWERS = ["1+2", "9+9", "5+6", "2+2"], ["3", "8", "1", "4"]
@@ -47,7 +49,8 @@ def make_rollouts(tokenizer, texts, cut=()):
     for i, r in enumerate(rows):
         ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), True
     zeros = torch.zeros(B, 1, dtype=torch.long)
-    entropy = torch.rand(B, T, generator=torch.Generator().manual_seed(0)) * 2 * mask  # (B, T), 0 on padding
+    # (B, T), 0 on padding
+    entropy = torch.rand(B, T, generator=torch.Generator().manual_seed(0)) * 2 * mask
     return Rollouts(zeros, zeros, ids, mask, torch.tensor([i in cut for i in range(B)]),
                     torch.arange(B) // G, list(texts), entropy)
 
@@ -57,10 +60,12 @@ def stats_of(rollouts, rewards, adv, idx, token_mask, method, rho_s, rho_t, **ex
     pop_var = lambda a: a.var(unbiased=False).item()  # noqa: E731
     return dict(step=7, method=method, sample_mode=d3s.METHODS[method]["sample"],
                 token_mode=d3s.METHODS[method]["token"], rho_s=rho_s, rho_t=rho_t, kept=len(idx),
-                rollouts=len(rewards), tokens=int(token_mask.sum()), valid=int(rollouts.completion_mask[idx].sum()),
-                valid_all=int(rollouts.completion_mask.sum()), var_adv=pop_var(adv), var_kept=pop_var(adv[idx]),
-                zero_var=(rewards.view(-1, G).std(dim=1) == 0).float().mean().item(), reward=rewards.mean().item(),
-                **extra)
+                rollouts=len(rewards), tokens=int(token_mask.sum()),
+                valid=int(rollouts.completion_mask[idx].sum()),
+                valid_all=int(rollouts.completion_mask.sum()), var_adv=pop_var(adv),
+                var_kept=pop_var(adv[idx]),
+                zero_var=(rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
+                reward=rewards.mean().item(), **extra)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +75,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def d3s_step(tokenizer):
-    """A D3S step by hand, selected by the real d3s functions: (rollouts, rewards, adv, idx, token_mask,
-    scores, record)."""
+    """A D3S step by hand, selected by the real d3s functions: (rollouts, rewards, adv, idx,
+    token_mask, scores, record)."""
     rollouts = make_rollouts(tokenizer, TEXTS, cut={15})
     rewards = torch.tensor(REWARDS, dtype=torch.float)
     adv = d3s.group_advantages(rewards, G)
@@ -80,14 +85,15 @@ def d3s_step(tokenizer):
     scores = d3s.token_scores(adv_kept, rollouts.entropy[idx], "adv_entropy")
     token_mask = d3s.select_tokens(scores, valid, 0.3)
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "d3s", 0.375, 0.3)
-    record = plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx, token_mask, scores,
-                                    stats)
+    record = plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx,
+                                    token_mask, scores, stats)
     return rollouts, rewards, adv, idx, token_mask, scores, record
 
 
 class Page(html.parser.HTMLParser):
-    """What a reader sees in each rollout row: rows[row] = {"class", "spans": [(classes, title, text)]}, one
-    span per token (a <u> element), with its classes, its title (the score on hover) and its text."""
+    """What a reader sees in each rollout row: rows[row] = {"class", "spans": [(classes, title,
+    text)]}, one span per token (a <u> element), with its classes, its title (the score on hover)
+    and its text."""
 
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
@@ -117,7 +123,8 @@ class Page(html.parser.HTMLParser):
 
 
 def mark(classes):
-    """A token's classes -> ("k" trained | "d" not trained | None in a dropped rollout, its shade 0-7 or None)."""
+    """A token's classes -> ("k" trained | "d" not trained | None in a dropped rollout, its shade
+    0-7 or None)."""
     c = [x for x in classes if x != "sp"]
     return (c[0][0], int(c[0][1:]) if c[0][1:] else None) if c else (None, None)
 
@@ -129,17 +136,19 @@ def shown(text):
 
 def test_record_keeps_exactly_what_d3s_selected(tokenizer, d3s_step):
     rollouts, rewards, adv, idx, token_mask, scores, record = d3s_step
-    assert [(g["prompt"], g["kind"]) for g in record["groups"]] == [(0, "mixed"), (3, "mixed"), (1, "all right"),
-                                                                     (2, "all wrong")]
+    assert [(g["prompt"], g["kind"]) for g in record["groups"]] == [
+        (0, "mixed"), (3, "mixed"), (1, "all right"), (2, "all wrong")]
     kept_at = {row: n for n, row in enumerate(idx.tolist())}
     assert sum(r["kept"] for g in record["groups"] for r in g["rollouts"]) == len(idx) == 6
     for g in record["groups"]:
         assert g["question"] == QUESTIONS[g["prompt"]] and g["answer"] == ANSWERS[g["prompt"]]
         for j, r in enumerate(g["rollouts"]):
             b = g["prompt"] * G + j
-            n = int(rollouts.completion_mask[b].sum())  # valid tokens only: no padding in the record
-            assert r["row"] == b and r["reward"] == REWARDS[b] and r["adv"] == pytest.approx(adv[b].item(), abs=1e-4)
-            assert r["tokens"] == [tokenizer.decode([i]) for i in rollouts.completion_ids[b, :n].tolist()]
+            n = int(rollouts.completion_mask[b].sum())  # valid tokens: no padding in the record
+            assert (r["row"] == b and r["reward"] == REWARDS[b]
+                    and r["adv"] == pytest.approx(adv[b].item(), abs=1e-4))
+            assert r["tokens"] == [tokenizer.decode([i])
+                                   for i in rollouts.completion_ids[b, :n].tolist()]
             assert "".join(r["tokens"]) == TEXTS[b] + ("" if b == 15 else tiny.EOS)
             assert r["kept"] == (b in kept_at) and r["truncated"] == (b == 15)
             if b in kept_at:
@@ -164,17 +173,21 @@ def test_page_marks_exactly_the_kept_rollouts_and_tokens(d3s_step):
         assert "".join(s[2] for s in row["spans"]) == text  # every token shown, in order
         if b in kept_at:
             assert row["class"] == "kept"
-            assert [int(mark(s[0])[0] == "k") for s in row["spans"]] == token_mask[kept_at[b], :n].int().tolist()
-            assert all(mark(s[0])[0] in "kd" and mark(s[0])[1] is not None for s in row["spans"])  # each shaded
+            assert ([int(mark(s[0])[0] == "k") for s in row["spans"]]
+                    == token_mask[kept_at[b], :n].int().tolist())
+            assert all(mark(s[0])[0] in "kd" and mark(s[0])[1] is not None
+                       for s in row["spans"])  # each shaded
             assert all(s[1] is not None for s in row["spans"])  # each score on hover
         else:
-            assert row["class"] == "dropped" and all(s[0] <= {"sp"} and s[1] is None for s in row["spans"])
+            assert row["class"] == "dropped" and all(s[0] <= {"sp"} and s[1] is None
+                                                     for s in row["spans"])
     marks = [mark(s[0]) for row in page.rows.values() for s in row["spans"]]
-    assert sum(m == "k" for m, _ in marks) == int(token_mask.sum())  # all kept rollouts are shown here
+    assert sum(m == "k" for m, _ in marks) == int(token_mask.sum())  # all kept rollouts are here
     # the shades rank the scores: no token left out is darker than a trained one
     assert max(b for m, b in marks if m == "d") <= min(b for m, b in marks if m == "k")
     top = plots.selection_html(record)
-    tokens = f"<b>{int(token_mask.sum())} / {int(rollouts.completion_mask[idx].sum())}</b>"  # trained / valid
+    # trained / valid
+    tokens = f"<b>{int(token_mask.sum())} / {int(rollouts.completion_mask[idx].sum())}</b>"
     assert "<b>6 / 16</b>" in top and tokens in top
 
 
@@ -189,9 +202,10 @@ def test_every_token_is_escaped_and_visible(tokenizer):
     idx = torch.arange(4)
     token_mask = rollouts.completion_mask
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "grpo", 1.0, 1.0)
-    record = plots.selection_record(tok, rollouts, ["is 2<3 & <b>bold</b>?"], ["<i>"], rewards, adv, idx,
-                                    token_mask, None, stats)
-    assert record["groups"][0]["rollouts"][0]["tokens"][:2] == ["x", "<script>"]  # one token, decoded as is
+    record = plots.selection_record(tok, rollouts, ["is 2<3 & <b>bold</b>?"], ["<i>"], rewards, adv,
+                                    idx, token_mask, None, stats)
+    # one token, decoded as is
+    assert record["groups"][0]["rollouts"][0]["tokens"][:2] == ["x", "<script>"]
     assert record["specials"] == ["<eos>", "<|im_end|>"]
     text = plots.selection_html(record)
     page = Page(text)
@@ -200,15 +214,18 @@ def test_every_token_is_escaped_and_visible(tokenizer):
     assert "&lt;script&gt;" in text and "is 2&lt;3 &amp; &lt;b&gt;bold&lt;/b&gt;?" in text
     assert "<code>&lt;i&gt;</code>" in text
     spans = [s for s in page.rows[0]["spans"]]
-    assert spans[1][2] == "<script>" and spans[-4][2] == spans[-3][2] == "↵<br>" and spans[-2][2] == "y"
+    assert (spans[1][2] == "<script>" and spans[-4][2] == spans[-3][2] == "↵<br>"
+            and spans[-2][2] == "y")
     assert page.rows[1]["spans"][0][2] == "a·&·b"
     assert "".join(s[2] for s in page.rows[1]["spans"][1:-1]) == "<z·&amp;"
     im_end = page.rows[2]["spans"][1]
     assert im_end[2] == "<|im_end|>" and "sp" in im_end[0]  # shown as text, in the special style
     assert [s[2] for s in page.rows[3]["spans"][:3]] == ["·", "·", "↵<br>"]
     assert "&lt;|im_end|&gt;" in text
-    # characters the tiny tokenizer cannot spell: a tab, a no-break space, a control character, nothing
-    assert plots._visible("\t\u00a0\x07") == "<i>→\\xa0\\x07</i>" and plots._visible("") == "<i>∅</i>"
+    # characters the tiny tokenizer cannot spell: a tab, a no-break space, a control character,
+    # nothing
+    assert (plots._visible("\t\u00a0\x07") == "<i>→\\xa0\\x07</i>"
+            and plots._visible("") == "<i>∅</i>")
     assert plots._visible("a  b\n") == "a<i>··</i>b<i>↵</i><br>"
 
 
@@ -224,35 +241,40 @@ def test_every_tag_in_the_escaped_page_is_ours(tokenizer):
     scores = d3s.token_scores(adv[idx], rollouts.entropy[idx], "adv_entropy")
     token_mask = d3s.select_tokens(scores, valid, 0.5)
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "d3s", 0.5, 0.5)
-    text = plots.selection_html(plots.selection_record(tok, rollouts, ["q"], ["a"], rewards, adv, idx, token_mask,
-                                                       scores, stats))
+    text = plots.selection_html(plots.selection_record(tok, rollouts, ["q"], ["a"], rewards, adv,
+                                                       idx, token_mask, scores, stats))
     page = Page(text)
-    assert set(page.tags) <= {"html", "head", "meta", "title", "style", "body", "h1", "small", "div", "b", "p",
-                              "span", "u", "i", "br", "h2", "code", "table", "tr", "th", "td"}
+    assert set(page.tags) <= {"html", "head", "meta", "title", "style", "body", "h1", "small",
+                              "div", "b", "p", "span", "u", "i", "br", "h2", "code", "table", "tr",
+                              "th", "td"}
     assert len(page.rows) == 4 and [len(r["spans"]) for r in page.rows.values()] == [2, 2, 2, 3]
 
 
 def test_grpo_keeps_everything_and_says_so(tokenizer):
-    """grpo: every rollout kept, every token trained, nothing scored; a step without a mixed group."""
+    """grpo: every rollout kept, every token trained, nothing scored; a step without a mixed
+    group."""
     rollouts = make_rollouts(tokenizer, TEXTS[4:12])  # an all-right and an all-wrong group
     rewards = torch.tensor(REWARDS[4:12], dtype=torch.float)
     adv = d3s.group_advantages(rewards, G)
     idx, _ = d3s.select_samples(rewards, adv, G, 1.0, "none")
     token_mask = rollouts.completion_mask  # token mode none: the valid tokens
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "grpo", 1.0, 1.0)
-    record = plots.selection_record(tokenizer, rollouts, QUESTIONS[1:3], ANSWERS[1:3], rewards, adv, idx,
-                                    token_mask, None, stats)
-    assert [g["kind"] for g in record["groups"]] == ["all right", "all wrong"] and record["score"] is None
+    record = plots.selection_record(tokenizer, rollouts, QUESTIONS[1:3], ANSWERS[1:3], rewards, adv,
+                                    idx, token_mask, None, stats)
+    assert ([g["kind"] for g in record["groups"]] == ["all right", "all wrong"]
+            and record["score"] is None)
     text = plots.selection_html(record)
     assert "keeps every rollout and trains every token" in text and 'class="all"' in text
     page = Page(text)
     assert len(page.rows) == 8 and all(r["class"] == "kept" for r in page.rows.values())
-    assert all(mark(s[0]) == ("k", None) for r in page.rows.values() for s in r["spans"])  # all trained, unshaded
+    # all trained, unshaded
+    assert all(mark(s[0]) == ("k", None) for r in page.rows.values() for s in r["spans"])
     assert "dropped" not in [r["class"] for r in page.rows.values()]
 
 
 def test_skipped_step_says_why(tokenizer, d3s_step):
-    record = dict(d3s_step[-1], stats=dict(d3s_step[-1]["stats"], skipped_reason="no kept token has A != 0"))
+    record = dict(d3s_step[-1], stats=dict(d3s_step[-1]["stats"],
+                                           skipped_reason="no kept token has A != 0"))
     text = plots.selection_html(record)
     assert text.count("made no update") == 1 and "no kept token has A != 0" in text
 
@@ -261,13 +283,16 @@ def test_pick_groups_rule():
     mixed, right, wrong = [1, 0], [1, 1], [0, 0]
     assert plots.pick_groups([wrong, mixed, right, mixed, mixed, wrong], 4) == [
         (1, "mixed"), (3, "mixed"), (2, "all right"), (0, "all wrong")]
-    assert plots.pick_groups([mixed, mixed, mixed, mixed, mixed], 4) == [(i, "mixed") for i in range(4)]
-    assert plots.pick_groups([wrong, wrong, right], 4) == [(2, "all right"), (0, "all wrong"), (1, "all wrong")]
+    assert plots.pick_groups([mixed, mixed, mixed, mixed, mixed], 4) == [(i, "mixed")
+                                                                         for i in range(4)]
+    assert plots.pick_groups([wrong, wrong, right], 4) == [(2, "all right"), (0, "all wrong"),
+                                                           (1, "all wrong")]
     assert plots.pick_groups([wrong, mixed, right], 1) == [(1, "mixed")]
 
 
 def test_every_mode_has_its_words():
-    assert set(plots.SAMPLE_RULES) == set(d3s.SAMPLE_MODES) and set(plots.TOKEN_RULES) == set(d3s.TOKEN_MODES)
+    assert (set(plots.SAMPLE_RULES) == set(d3s.SAMPLE_MODES)
+            and set(plots.TOKEN_RULES) == set(d3s.TOKEN_MODES))
 
 
 def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, capsys):
@@ -284,24 +309,28 @@ def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, cap
     assert json.loads((run / "selection" / "step_000007.json").read_text()) == record
     pages = {p: (run / p).read_bytes() for p in ["selection.html", "selection/step_000003.html",
                                                   "selection/step_000007.html"]}
-    assert b'href="selection/step_000003.html"' in pages["selection.html"] and b"Step 7:" in pages["selection.html"]
-    assert b"steps: <a " in pages["selection.html"] and b" \xc2\xb7 <b>7</b></nav>" in pages["selection.html"]
+    assert (b'href="selection/step_000003.html"' in pages["selection.html"]
+            and b"Step 7:" in pages["selection.html"])
+    assert (b"steps: <a " in pages["selection.html"]
+            and b" \xc2\xb7 <b>7</b></nav>" in pages["selection.html"])
     assert b'href="../selection.html"' in pages["selection/step_000003.html"]
     for p in pages:
         (run / p).unlink()
     assert plots.main([str(run)]) == 0
-    assert {p: (run / p).read_bytes() for p in pages} == pages  # the same pages, from the JSON alone
+    assert {p: (run / p).read_bytes() for p in pages} == pages  # the same pages, from the JSON
     assert (run / "curves.png").stat().st_size > 0
-    assert sorted(capsys.readouterr().out.split()) == sorted(str(run / p) for p in [*pages, "curves.png"])
+    assert sorted(capsys.readouterr().out.split()) == sorted(str(run / p)
+                                                             for p in [*pages, "curves.png"])
 
 
 def test_bad_run_folder_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "selection").mkdir()
     (tmp_path / "selection" / "step_000001.json").write_text("{not json")
     for folder in [tmp_path / "missing", tmp_path]:
-        out = subprocess.run([sys.executable, "-m", "machinery.plots", str(folder)], cwd=ROOT, capture_output=True, text=True,
-                             timeout=60)
-        assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        out = subprocess.run([sys.executable, "-m", "machinery.plots", str(folder)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert (out.returncode == 2 and out.stdout == ""
+                and len(out.stderr.strip().splitlines()) == 1), out.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     assert plots.main([str(empty)]) == 2
@@ -314,8 +343,8 @@ def test_page_stays_small_for_a_real_model_step(tokenizer):
     ids = torch.randint(2, 90, (B, T))
     mask = torch.ones(B, T, dtype=torch.bool)
     zeros = torch.zeros(B, 1, dtype=torch.long)
-    rollouts = Rollouts(zeros, zeros, ids, mask, torch.ones(B, dtype=torch.bool), torch.arange(B) // 8,
-                        [""] * B, torch.rand(B, T) * 3)
+    rollouts = Rollouts(zeros, zeros, ids, mask, torch.ones(B, dtype=torch.bool),
+                        torch.arange(B) // 8, [""] * B, torch.rand(B, T) * 3)
     rewards = torch.tensor([1.0, 0.0] * 16)
     adv = d3s.group_advantages(rewards, 8)
     idx = torch.arange(B)
@@ -323,16 +352,19 @@ def test_page_stays_small_for_a_real_model_step(tokenizer):
     token_mask = d3s.select_tokens(scores, mask, 0.2)
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "entropy", 1.0, 0.2)
     stats["step"] = 100
-    record = plots.selection_record(tokenizer, rollouts, ["q"] * 4, ["a"] * 4, rewards, adv, idx, token_mask, scores,
-                                    stats)
+    record = plots.selection_record(tokenizer, rollouts, ["q"] * 4, ["a"] * 4, rewards, adv, idx,
+                                    token_mask, scores, stats)
     assert record["score"] == "H"  # the 80/20 method scores by entropy alone
     page = plots.selection_html(record)
     size_json = len(json.dumps(record, separators=(",", ":")).encode())
     assert sum(len(r["tokens"]) for g in record["groups"] for r in g["rollouts"]) == 4 * 8 * 512
-    assert len(page.encode()) < 500_000 and size_json < 250_000, (len(page.encode()), size_json)  # 459 KB, 189 KB
+    # 459 KB, 189 KB
+    assert len(page.encode()) < 500_000 and size_json < 250_000, (len(page.encode()), size_json)
+
 
 def d3s_record_at(tokenizer, rho_s):
-    """The hand-made step of d3s_step's rollouts, selected by the real d3s functions at this rho_s (rho_t 0.3)."""
+    """The hand-made step of d3s_step's rollouts, selected by the real d3s functions at this rho_s
+    (rho_t 0.3)."""
     rollouts = make_rollouts(tokenizer, TEXTS, cut={15})
     rewards = torch.tensor(REWARDS, dtype=torch.float)
     adv = d3s.group_advantages(rewards, G)
@@ -340,43 +372,51 @@ def d3s_record_at(tokenizer, rho_s):
     scores = d3s.token_scores(adv_kept, rollouts.entropy[idx], "adv_entropy")
     token_mask = d3s.select_tokens(scores, rollouts.completion_mask[idx], 0.3)
     stats = stats_of(rollouts, rewards, adv, idx, token_mask, "d3s", rho_s, 0.3)
-    return plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx, token_mask, scores,
-                                  stats)
+    return plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx,
+                                  token_mask, scores, stats)
 
 
 def test_an_a0_group_with_kept_rollouts_says_why(tokenizer):
-    """rho_s 0.75 keeps 12 of 16 rollouts, more than the 8 of the two mixed groups: sample selection
-    takes A = 0 rollouts too, token selection trains none of their tokens, and the page says so beside
-    that group (and beside no other)."""
+    """rho_s 0.75 keeps 12 of 16 rollouts, more than the 8 of the two mixed groups: sample
+    selection takes A = 0 rollouts too, token selection trains none of their tokens, and the page
+    says so beside that group (and beside no other)."""
     record = d3s_record_at(tokenizer, 0.75)
-    kept_a0 = {g["prompt"]: sum(r["kept"] for r in g["rollouts"]) for g in record["groups"] if g["kind"] != "mixed"}
-    assert record["stats"]["kept"] == 12 and sum(kept_a0.values()) == 4  # every A != 0 rollout, then 4 with A = 0
-    assert all(sum(r["trained"]) == 0 for g in record["groups"] if g["kind"] != "mixed" for r in g["rollouts"]
-               if r["kept"])
-    groups = plots.selection_html(record).split('<div class="group">')[1:]  # one piece per group, in order
+    kept_a0 = {g["prompt"]: sum(r["kept"] for r in g["rollouts"]) for g in record["groups"]
+               if g["kind"] != "mixed"}
+    # every A != 0 rollout, then 4 with A = 0
+    assert record["stats"]["kept"] == 12 and sum(kept_a0.values()) == 4
+    assert all(sum(r["trained"]) == 0 for g in record["groups"] if g["kind"] != "mixed"
+               for r in g["rollouts"] if r["kept"])
+    # one piece per group, in order
+    groups = plots.selection_html(record).split('<div class="group">')[1:]
     for g, piece in zip(record["groups"], groups):
         n = kept_a0.get(g["prompt"], 0)
         assert piece.count('<p class="why">') == (n > 0), (g["prompt"], g["kind"])
         if n:
-            assert f"Why {n} kept with A = 0:" in piece and "sample selection, pooled over the step, kept 12 of 16 " \
-                "rollouts (ρs 0.75), more than the 8 in groups with mixed rewards, so it took rollouts with A = 0 " \
-                "too." in piece
+            assert f"Why {n} kept with A = 0:" in piece and "sample selection, pooled over the " \
+                "step, kept 12 of 16 rollouts (ρs 0.75), more than the 8 in groups with mixed " \
+                "rewards, so it took rollouts with A = 0 too." in piece
             assert "token selection trains none of its tokens and its loss is 0." in piece
-            assert piece.index('<p class="why">') < piece.index('<div class="q">')  # under the group's heading
-    assert 'class="why"' not in plots.selection_html(d3s_record_at(tokenizer, 0.375))  # 6 kept: all A != 0
+            # under the group's heading
+            assert piece.index('<p class="why">') < piece.index('<div class="q">')
+    # 6 kept: all A != 0
+    assert 'class="why"' not in plots.selection_html(d3s_record_at(tokenizer, 0.375))
 
 
 def test_the_page_names_a_zero_variance_group_and_the_step_as_the_rules_do(tokenizer):
-    """One vocabulary: "zero-variance group" (all G rewards equal, A = 0) and "step", under every sample mode."""
+    """One vocabulary: "zero-variance group" (all G rewards equal, A = 0) and "step", under every
+    sample mode."""
     for sample in plots.SAMPLE_RULES:
         record = d3s_record_at(tokenizer, 0.75)
         text = plots.selection_html(dict(record, sample_mode=sample))
-        assert "batch" not in text and "a group with A = 0" not in text and "groups with A = 0" not in text, sample
+        assert "batch" not in text, sample
+        assert "a group with A = 0" not in text and "groups with A = 0" not in text, sample
         assert "Prompt 1 · zero-variance group (all right): 4 of 4 right" in text
-        assert "Prompt 2 · zero-variance group (all wrong): 0 of 4 right" in text and "Prompt 0 · mixed:" in text
+        assert "Prompt 2 · zero-variance group (all wrong): 0 of 4 right" in text
+        assert "Prompt 0 · mixed:" in text
         assert "one all-right and one all-wrong zero-variance group when the step has them" in text
-    assert "zero-variance groups (all right or all wrong, so A = 0) are the first dropped" in plots.SAMPLE_RULES[
-        "cross"]
+    assert ("zero-variance groups (all right or all wrong, so A = 0) are the first dropped"
+            in plots.SAMPLE_RULES["cross"])
     intra = plots.selection_html(dict(d3s_record_at(tokenizer, 0.75), sample_mode="intra"))
     assert "keeps the same number of rollouts in every group, a zero-variance group too." in intra
 
@@ -384,7 +424,8 @@ def test_the_page_names_a_zero_variance_group_and_the_step_as_the_rules_do(token
 def legend_keys(text):
     """The legend's entries as a reader reads them, tags stripped."""
     legend = text.split('<p class="legend">')[1].split("</p>")[0]
-    return [html.unescape(re.sub("<[^>]+>", "", k)).strip() for k in legend.split('<span class="key">')[1:]]
+    return [html.unescape(re.sub("<[^>]+>", "", k)).strip()
+            for k in legend.split('<span class="key">')[1:]]
 
 
 def test_the_legend_names_the_three_states(d3s_step):
@@ -401,13 +442,14 @@ def test_grpo_a0_group_says_its_tokens_add_nothing(tokenizer):
     adv = d3s.group_advantages(rewards, G)
     idx = torch.arange(8)
     stats = stats_of(rollouts, rewards, adv, idx, rollouts.completion_mask, "grpo", 1.0, 1.0)
-    record = plots.selection_record(tokenizer, rollouts, QUESTIONS[:2], ANSWERS[:2], rewards, adv, idx,
-                                    rollouts.completion_mask, None, stats)
+    record = plots.selection_record(tokenizer, rollouts, QUESTIONS[:2], ANSWERS[:2], rewards, adv,
+                                    idx, rollouts.completion_mask, None, stats)
     mixed, right = plots.selection_html(record).split('<div class="group">')[1:]
     trained = int(rollouts.completion_mask[4:].sum())
     assert 'class="why"' not in mixed
-    assert ("Why 4 kept with A = 0:</b> this method keeps every rollout. A rollout with A = 0 has nothing to learn: "
-            f"the {trained} tokens marked trained here add 0 to the policy loss") in right
+    assert ("Why 4 kept with A = 0:</b> this method keeps every rollout. A rollout with A = 0 has "
+            f"nothing to learn: the {trained} tokens marked trained here add 0 to the policy "
+            f"loss") in right
 
 
 # -----------------------------------------------------------------------------
@@ -416,43 +458,50 @@ def test_grpo_a0_group_says_its_tokens_add_nothing(tokenizer):
 
 def log_row(step, **fields):
     """A log.jsonl row with the fields the pictures read (a D3S-like step unless told otherwise)."""
-    row = dict(step=step, reward=0.5, kept=40, rollouts=128, tokens=200, valid=1000, valid_all=2500, var_adv=0.5,
-               var_kept=1.2, entropy=0.3, grad_norm=2.0, clip_frac=0.01, truncated=0.0, updates=4, no_signal=False)
+    row = dict(step=step, reward=0.5, kept=40, rollouts=128, tokens=200, valid=1000, valid_all=2500,
+               var_adv=0.5, var_kept=1.2, entropy=0.3, grad_norm=2.0, clip_frac=0.01, truncated=0.0,
+               updates=4, no_signal=False)
     return dict(row, **fields)
 
 
 def lines(fig):
     """{label: (x, y)} of every labelled line of a figure."""
-    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ax in fig.axes for ln in ax.get_lines()
-            if not ln.get_label().startswith("_")}
+    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
+            for ax in fig.axes for ln in ax.get_lines() if not ln.get_label().startswith("_")}
 
 
 def same(a, b):
     """Equal lists, NaN equal to NaN."""
-    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y))
+                                    for x, y in zip(a, b))
 
 
 def test_curves_leave_a_gap_where_a_step_made_no_update():
     rows = [log_row(0, grad_norm=1.5, clip_frac=0.02),
-            log_row(1, grad_norm=None, clip_frac=None, updates=0, no_signal=True),  # the log from now on: null
-            log_row(2, grad_norm=0.0, clip_frac=0.0, updates=0, no_signal=True),  # older logs: 0.0 with updates 0
+            # the log from now on: null
+            log_row(1, grad_norm=None, clip_frac=None, updates=0, no_signal=True),
+            # older logs: 0.0 with updates 0
+            log_row(2, grad_norm=0.0, clip_frac=0.0, updates=0, no_signal=True),
             log_row(3, grad_norm=0.0, clip_frac=0.0, updates=0),  # older still: no no_signal field
-            log_row(4, grad_norm=2.5, clip_frac=0.0)]  # a real update whose clip clipped nothing: 0 is measured
+            log_row(4, grad_norm=2.5, clip_frac=0.0)]  # an update that clipped nothing: 0, measured
     fig = plots.curves_figure(rows, [{"step": 0, "accuracy": 0.2}], "run")
     got = lines(fig)
     plt.close(fig)
     grad = next(y for label, (x, y) in got.items() if label.startswith("gradient norm"))
     clip = next(y for label, (x, y) in got.items() if label.startswith("clipped share"))
     nan = math.nan
-    assert same(grad, [1.5, nan, nan, nan, 2.5]) and same(clip, [0.02, nan, nan, nan, 0.0]), (grad, clip)
+    assert (same(grad, [1.5, nan, nan, nan, 2.5])
+            and same(clip, [0.02, nan, nan, nan, 0.0])), (grad, clip)
 
 
 def test_curves_name_each_token_share_by_its_denominator():
-    rows = [log_row(0, tokens=200, valid=1000, valid_all=2500), log_row(1, tokens=0, valid=800, valid_all=2000)]
+    rows = [log_row(0, tokens=200, valid=1000, valid_all=2500),
+            log_row(1, tokens=0, valid=800, valid_all=2000)]
     fig = plots.curves_figure(rows, [], "run")
     got = lines(fig)
     plt.close(fig)
-    assert got["tokens trained / kept rollouts' tokens (rho_t)"][1] == [0.2, 0.0]  # the step line's tokens k/v
+    # the step line's tokens k/v
+    assert got["tokens trained / kept rollouts' tokens (rho_t)"][1] == [0.2, 0.0]
     assert got["tokens trained / all generated tokens"][1] == [0.08, 0.0]
     assert got["rollouts kept / generated"][1] == [40 / 128] * 2
 
@@ -465,73 +514,89 @@ def resolved(**knobs):
 
 
 def test_labels_say_what_differs_and_nothing_else():
-    d3s_run, grpo_run = resolved(out_dir="out/a"), resolved(method="grpo", out_dir="out/b", eval_every=5)
-    assert grpo_run["s_init"] == 1.0 != d3s_run["s_init"]  # config.json records the ratios grpo applies
+    d3s_run = resolved(out_dir="out/a")
+    grpo_run = resolved(method="grpo", out_dir="out/b", eval_every=5)
+    assert grpo_run["s_init"] == 1.0 != d3s_run["s_init"]  # config.json records grpo's ratios
     assert plots.run_labels([d3s_run, grpo_run], ["a", "b"]) == ["method=d3s", "method=grpo"]
     seed1 = resolved(seed=1, out_dir="out/c", device="cpu", micro_batch_size=8)
     assert plots.run_labels([d3s_run, seed1], ["a", "c"]) == ["seed=0", "seed=1"]
     half = resolved(s_init=0.5, out_dir="out/d")
     assert plots.run_labels([d3s_run, half, grpo_run], ["a", "d", "b"]) == [
         "method=d3s, s_init=0.25", "method=d3s, s_init=0.5", "method=grpo"]
-    assert plots.run_labels([d3s_run, resolved(method="entropy"), resolved(method="d2s")], list("abc")) == [
-        "method=d3s", "method=entropy", "method=d2s"]  # 80/20's fixed share, d2s's constant schedule: the method's
-    assert plots.run_labels([d3s_run, dict(d3s_run, out_dir="out/e", wandb="p"), None], ["a", "e", "f"]) == [
-        "a", "e", "f (no config.json)"]  # nothing computed differs: the folders name them
+    # 80/20's fixed share, d2s's constant schedule: the method's
+    assert plots.run_labels([d3s_run, resolved(method="entropy"), resolved(method="d2s")],
+                            list("abc")) == ["method=d3s", "method=entropy", "method=d2s"]
+    # nothing computed differs: the folders name them
+    assert plots.run_labels([d3s_run, dict(d3s_run, out_dir="out/e", wandb="p"), None],
+                            ["a", "e", "f"]) == ["a", "e", "f (no config.json)"]
 
 
 def make_run(folder, config, rows, history):
-    """A run folder as train.py leaves it: config.json, log.jsonl and (history not None) checkpoint/trainer.pt."""
+    """A run folder as train.py leaves it: config.json, log.jsonl and (history not None)
+    checkpoint/trainer.pt."""
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if history is not None:
         (folder / "checkpoint").mkdir()
-        torch.save({"version": 2, "step": rows[-1]["step"] + 1, "history": history, "tokens_trained": 0},
-                   folder / "checkpoint" / "trainer.pt")
+        torch.save({"version": 2, "step": rows[-1]["step"] + 1, "history": history,
+                    "tokens_trained": 0}, folder / "checkpoint" / "trainer.pt")
     return str(folder)
 
 
 @pytest.fixture
 def two_runs(tmp_path):
-    """A D3S run and a GRPO run (keeping everything), and a GRPO run stopped before its first checkpoint."""
-    d3s_rows = [log_row(s, kept=32 + s, tokens=100 + s, valid_all=2000, tokens_trained=sum(100 + i for i in
-                                                                                           range(s + 1)))
+    """A D3S run and a GRPO run (keeping everything), and a GRPO run stopped before its first
+    checkpoint."""
+    d3s_rows = [log_row(s, kept=32 + s, tokens=100 + s, valid_all=2000,
+                        tokens_trained=sum(100 + i for i in range(s + 1)))
                 for s in range(4)]
-    grpo_rows = [log_row(s, kept=128, tokens=2000, valid=2000, valid_all=2000, reward=0.25 * s) for s in range(4)]
-    d3s_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2}, {"step": 4, "tokens": 406, "accuracy": 0.5}]
-    grpo_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2}, {"step": 4, "tokens": 8000, "accuracy": 0.4}]
+    grpo_rows = [log_row(s, kept=128, tokens=2000, valid=2000, valid_all=2000, reward=0.25 * s)
+                 for s in range(4)]
+    d3s_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2},
+                {"step": 4, "tokens": 406, "accuracy": 0.5}]
+    grpo_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2},
+                 {"step": 4, "tokens": 8000, "accuracy": 0.4}]
     return (make_run(tmp_path / "d3s", resolved(out_dir="out/d3s"), d3s_rows, d3s_hist),
-            make_run(tmp_path / "grpo", resolved(method="grpo", out_dir="out/grpo"), grpo_rows, grpo_hist),
+            make_run(tmp_path / "grpo", resolved(method="grpo", out_dir="out/grpo"), grpo_rows,
+                     grpo_hist),
             make_run(tmp_path / "grpo1", resolved(method="grpo", seed=1), grpo_rows[:2], None))
 
 
 def test_compare_draws_each_run_from_its_folder(two_runs):
     runs = plots.load_runs(two_runs)
-    assert [r["label"] for r in runs] == ["method=d3s, seed=0", "method=grpo, seed=0", "method=grpo, seed=1"]
+    assert [r["label"] for r in runs] == ["method=d3s, seed=0", "method=grpo, seed=0",
+                                          "method=grpo, seed=1"]
     assert runs[2]["history"] is None and len(runs[2]["rows"]) == 2
     fig = plots.compare_figure(runs, "t", smooth=2)
     acc_step, acc_tok, reward, kept, tokens, total = fig.axes
     plt.close(fig)
     assert [ln.get_label() for ln in acc_step.get_lines()] == [
-        "method=d3s, seed=0", "method=grpo, seed=0", "method=grpo, seed=1 (no checkpoint: no held-out accuracy)"]
-    xy = lambda ax, i: (list(ax.get_lines()[i].get_xdata()), list(ax.get_lines()[i].get_ydata()))  # noqa: E731
+        "method=d3s, seed=0", "method=grpo, seed=0",
+        "method=grpo, seed=1 (no checkpoint: no held-out accuracy)"]
+    xy = lambda ax, i: (list(ax.get_lines()[i].get_xdata()),  # noqa: E731
+                        list(ax.get_lines()[i].get_ydata()))
     assert xy(acc_step, 0) == ([0, 4], [0.2, 0.5]) and xy(acc_step, 2) == ([], [])
     assert xy(acc_tok, 0) == ([0, 406], [0.2, 0.5]) and xy(acc_tok, 1) == ([0, 8000], [0.2, 0.4])
     assert xy(reward, 2) == ([0, 1, 2, 3], [0.0, 0.25, 0.5, 0.75])  # each step, faint
     assert xy(reward, 3) == ([0, 1, 2, 3], [0.0, 0.125, 0.375, 0.625])  # the mean of the last 2
     assert xy(kept, 0)[1] == [(32 + s) / 128 for s in range(4)] and xy(kept, 1)[1] == [1.0] * 4
-    assert xy(tokens, 0)[1] == [(100 + s) / 2000 for s in range(4)] and xy(tokens, 1)[1] == [1.0] * 4
+    assert (xy(tokens, 0)[1] == [(100 + s) / 2000 for s in range(4)]
+            and xy(tokens, 1)[1] == [1.0] * 4)
     assert xy(total, 0)[1] == [100, 201, 303, 406]  # tokens_trained as logged
-    assert xy(total, 1)[1] == [2000, 4000, 6000, 8000]  # a log without it: the running sum of the steps' tokens
+    # a log without it: the running sum of the steps' tokens
+    assert xy(total, 1)[1] == [2000, 4000, 6000, 8000]
 
 
 def test_compare_command_writes_one_picture(two_runs, tmp_path, monkeypatch, capsys):
     out = tmp_path / "pictures" / "cmp.png"
     assert plots.main([*two_runs, "--out", str(out)]) == 0
-    assert capsys.readouterr().out == f"{out}\n" and 5_000 < out.stat().st_size < 60_000  # 64 colours
+    assert (capsys.readouterr().out == f"{out}\n"
+            and 5_000 < out.stat().st_size < 60_000)  # 64 colours
     monkeypatch.chdir(tmp_path)
     assert plots.main(list(two_runs[:2])) == 0  # the default: out/compare.png
-    assert capsys.readouterr().out == "out/compare.png\n" and (tmp_path / "out" / "compare.png").is_file()
+    assert (capsys.readouterr().out == "out/compare.png\n"
+            and (tmp_path / "out" / "compare.png").is_file())
 
 
 def test_compare_refuses_what_is_not_a_run_in_one_line(two_runs, tmp_path, capsys):
@@ -545,14 +610,16 @@ def test_compare_refuses_what_is_not_a_run_in_one_line(two_runs, tmp_path, capsy
     cut = tmp_path / "cut"
     cut.mkdir()
     (cut / "log.jsonl").write_text(json.dumps(log_row(0)) + '\n{"step": 1, "rew')
-    for folder, says in [("missing", "is not a folder"), ("empty", "has neither log.jsonl nor checkpoint"),
+    for folder, says in [("missing", "is not a folder"),
+                         ("empty", "has neither log.jsonl nor checkpoint"),
                          ("torn", "trainer.pt cannot be read"), ("bad_row", "KeyError"),
                          ("cut", "log.jsonl, line 2, is not JSON")]:
         assert plots.main([two_runs[0], str(tmp_path / folder)]) == 2, folder
         captured = capsys.readouterr()
         err = captured.err.strip().splitlines()
         assert captured.out == "" and len(err) == 1 and says in err[0], (folder, err)
-    assert plots.main([two_runs[0], "--out", str(tmp_path / "x.png")]) == 2  # --out is for two or more runs
+    # --out is for two or more runs
+    assert plots.main([two_runs[0], "--out", str(tmp_path / "x.png")]) == 2
     assert "two or more runs" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         plots.main(["--out"])
@@ -575,9 +642,9 @@ def find_browser():
 
 def run_browser(browser, page, tmp_path, *flags):
     """Headless Chromium, offline, on the page with these flags. -> the finished process."""
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", *flags, page.as_uri()]
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", *flags, page.as_uri()]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -585,8 +652,8 @@ def screenshot(browser, page, png, tmp_path, width=1200, height=3000):
     """Render the page in headless Chromium at a tall window. -> (H, W, 3) uint8 pixels."""
     import numpy as np
     from matplotlib.image import imread
-    out = run_browser(browser, page, tmp_path, "--hide-scrollbars", f"--window-size={width},{height}",
-                      f"--screenshot={png}")
+    out = run_browser(browser, page, tmp_path, "--hide-scrollbars",
+                      f"--window-size={width},{height}", f"--screenshot={png}")
     assert out.returncode == 0 and png.is_file(), out.stderr[-2000:]
     return (np.asarray(imread(str(png)))[..., :3] * 255).round().astype(np.uint8)
 
@@ -594,8 +661,9 @@ def screenshot(browser, page, png, tmp_path, width=1200, height=3000):
 def browser_or_skip():
     browser = find_browser()
     if browser is None:
-        pytest.skip(f"no headless browser: looked for {', '.join(BROWSERS)} on PATH and /usr/bin/chromium; "
-                    f".ci/run installs Debian's chromium (apt-get install chromium)")
+        pytest.skip(f"no headless browser: looked for {', '.join(BROWSERS)} on PATH and "
+                    f"/usr/bin/chromium; .ci/run installs Debian's chromium (apt-get install "
+                    f"chromium)")
     return browser
 
 
@@ -607,7 +675,8 @@ def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
     pixels = screenshot(browser, page, tmp_path / "page.png", tmp_path)  # (3000, 1200, 3)
     colours = {tuple(c) for c in pixels.reshape(-1, 3)[::7]}
     assert len(colours) > 20, f"{len(colours)} colours: a blank page?"
-    kept = np.array([int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)])  # the trained tokens' underline
+    # the trained tokens' underline
+    kept = np.array([int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)])
     near = (np.abs(pixels.astype(int) - kept).max(axis=-1) <= 3).sum()
     assert near >= 3 * 20, f"the trained-token colour {plots.VERMILLION} covers only {near} pixels"
     # the page's height: its last row that is not background, at a window taller than the page
@@ -622,9 +691,9 @@ const look = el => { const s = getComputedStyle(el); let fade = 1;
   for (let e = el; e; e = e.parentElement) fade *= getComputedStyle(e).opacity;
   return {color: s.color, weight: s.fontWeight, line: s.textDecorationLine, shadow: s.boxShadow,
           background: s.backgroundColor, fade: fade}; };
-const marks = {trained: "tr.kept u[class^=k]", untrained: "tr.kept u[class^=d]", dropped: "tr.dropped u:not(.sp)",
-  legend_trained: ".legend u[class^=k]", legend_untrained: ".legend u[class^=d]", legend_dropped: ".legend .gone",
-  body: "body"};
+const marks = {trained: "tr.kept u[class^=k]", untrained: "tr.kept u[class^=d]",
+  dropped: "tr.dropped u:not(.sp)", legend_trained: ".legend u[class^=k]",
+  legend_untrained: ".legend u[class^=d]", legend_dropped: ".legend .gone", body: "body"};
 const out = {};
 for (const [name, sel] of Object.entries(marks)) out[name] = look(document.querySelector(sel));
 const pre = document.createElement("pre");
@@ -635,23 +704,29 @@ document.body.append(pre);
 
 
 def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_path, d3s_step):
-    """A dropped rollout is grey and struck through; a kept rollout's untrained token is the page's dark
-    text (on its score's shade); a trained token is bold and underlined in vermillion. The legend shows
-    each as the rows do."""
+    """A dropped rollout is grey and struck through; a kept rollout's untrained token is the page's
+    dark text (on its score's shade); a trained token is bold and underlined in vermillion. The
+    legend shows each as the rows do."""
     browser = browser_or_skip()
     page = tmp_path / "probe.html"
-    page.write_text(plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    text = plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>")
+    page.write_text(text, encoding="utf-8")
     out = run_browser(browser, page, tmp_path, "--dump-dom")
     assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
     looks = json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
-    trained, untrained, dropped, body = looks["trained"], looks["untrained"], looks["dropped"], looks["body"]
+    trained, untrained, dropped = looks["trained"], looks["untrained"], looks["dropped"]
+    body = looks["body"]
     vermillion = "rgb({}, {}, {})".format(*(int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)))
     assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
-    assert untrained["color"] == body["color"] and untrained["weight"] == "400", untrained  # dark, not grey
-    assert untrained["line"] == "none" and untrained["shadow"] == "none" and untrained["fade"] == 1, untrained
-    assert "line-through" in dropped["line"] and dropped["color"] != body["color"], dropped  # faded and struck
+    # dark, not grey
+    assert untrained["color"] == body["color"] and untrained["weight"] == "400", untrained
+    assert (untrained["line"] == "none" and untrained["shadow"] == "none"
+            and untrained["fade"] == 1), untrained
+    # faded and struck
+    assert "line-through" in dropped["line"] and dropped["color"] != body["color"], dropped
     seen = lambda x: (x["color"], x["weight"], x["line"], x["shadow"], x["fade"])  # noqa: E731
     assert len({seen(trained), seen(untrained), seen(dropped)}) == 3
-    for state in ("trained", "untrained", "dropped"):  # the legend's sample looks like the rows' mark
-        assert seen(looks[f"legend_{state}"]) == seen(looks[state]), (state, looks[f"legend_{state}"], looks[state])
+    for state in ("trained", "untrained", "dropped"):  # the legend's sample looks like the rows'
+        legend = looks[f"legend_{state}"]
+        assert seen(legend) == seen(looks[state]), (state, legend, looks[state])
     assert looks["legend_dropped"]["background"] == dropped["background"]
