@@ -1,10 +1,9 @@
 """
-Nothing lost on any crash: crash-safe checkpoints, exact resume, Ctrl-C / SIGTERM, a second run's folder.
+Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a run folder is checked.
 
     checkpoint.check_fresh(run_dir, overwrite)          # a new run refuses a folder that holds another run
     checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
     cfg, given, state = checkpoint.resume(cfg, given)   # --resume RUN: its saved config and trainer state
-    with checkpoint.Signals() as signals: ...           # a signal ends the run with a checkpoint
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
 trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
@@ -12,31 +11,17 @@ of trained tokens (and tiny.json for a tiny-world run: its world). There is no r
 every random number of step s (the samples, the `random` control, the mini-batch shuffle) is drawn
 from seeds derived from (--seed, s) (train.py), so a resumed step s draws exactly what the
 uninterrupted one drew, whatever moment the run stopped at (bit for bit on a CPU in float32).
-
-The windows a run can stop in, and what resuming does about each (docs/checkpoints.md has the table):
-  - between or inside steps (a signal): the checkpoint holds the steps fully applied; an unfinished
-    step is replayed. Once a step's first optimizer update has run, a signal waits for the end of
-    its batch (Signals.hold), so a checkpoint never holds half a batch; a second signal quits at once.
-  - during a held-out evaluation, the final one included: the checkpoint says which evaluations were
-    recorded; train.py redoes one that was due and is missing, and saves it.
-  - out of memory: train.py saves the steps applied when no weight of the batch moved yet, and names
-    the knobs to lower on resume (out_of_memory); resume accepts them (RESUME_SAFE).
-  - a hard crash (SIGKILL, power) after a periodic save: log.jsonl may hold steps the checkpoint does
-    not; resume cuts it back to the checkpoint's step, keeping what it cut in log.jsonl.cut, so the
-    log holds each step once.
-  - during the save itself: written to checkpoint.tmp, flushed to disk, and only then marked complete
-    (trainer.pt), then swapped in through checkpoint.old; finish_swap completes a swap that a crash cut
-    short. One complete checkpoint exists at every instant, also across a power cut.
+The save is written to checkpoint.tmp, flushed to disk, only then marked complete (trainer.pt) and
+swapped in through checkpoint.old: one complete checkpoint exists at every instant, also across a
+power cut. A hard crash after a periodic save may leave log.jsonl ahead of the checkpoint: trim_log
+cuts it back on resume. machinery/run.py decides when each of these runs (docs/checkpoints.md).
 """
 import dataclasses
 import json
 import os
 import shutil
-import signal
-import threading
 
 import torch
-from tqdm import tqdm
 
 VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step seeds, had one)
 # Knobs that may change when a run is resumed: none of them changes what the run computes (the last five
@@ -85,14 +70,15 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     return step
 
 
-RUN_FILES = ("log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp",
+RUN_FILES = ("config.json", "log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp",
              "checkpoint.old")
 
 
 def check_fresh(run_dir, overwrite=False):
-    """A fresh run may start in run_dir: a ValueError if it holds another run (its log or its checkpoint)
-    and `overwrite` is off. A second run never destroys a first one that the user did not ask to replace."""
-    held = [name for name in ("log.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+    """A fresh run may start in run_dir: a ValueError if it holds another run (its config.json, log or
+    checkpoint: a run that has not logged its first step yet is a run too) and `overwrite` is off. A
+    second run never destroys a first one that the user did not ask to replace."""
+    held = [name for name in ("config.json", "log.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
             if os.path.exists(os.path.join(run_dir, name))]
     if held and not overwrite:
         raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): continue it with python train.py "
@@ -146,7 +132,7 @@ def load(run_dir):
                  os.path.join(ckpt, "config.json")):
         if not os.path.isfile(need):
             raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing (it has no finished "
-                             f"checkpoint yet); start a fresh run instead")
+                             f"checkpoint yet); start it again with --overwrite true")
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
@@ -163,9 +149,10 @@ def load(run_dir):
 
 
 def resume(cfg, given):
-    """(config, given, trainer state) of --resume RUN: the run continues with its saved config, in the
-    folder given (it may have been moved), and only the RESUME_SAFE knobs may change; a change is
-    recorded in RUN/resumes.jsonl. log.jsonl is cut back to the checkpoint's step."""
+    """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in the
+    folder given (it may have been moved), and only the RESUME_SAFE knobs may change: state["changed"]
+    holds {knob: [saved, new]}, for the caller to record once the new values are accepted. Every
+    knob of the saved config counts as given."""
     saved, state = load(cfg.resume)
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
@@ -177,12 +164,15 @@ def resume(cfg, given):
         raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this train.py "
                          f"({', '.join(sorted(set(saved) ^ known))}); start a fresh run")
     changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given) if n != "resume" and saved[n] != getattr(cfg, n)}
-    if changed:
-        with open(os.path.join(cfg.resume, "resumes.jsonl"), "a") as f:
-            f.write(json.dumps({"step": state["step"], "changed": changed}) + "\n")
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
-    trim_log(cfg.resume, state["step"])
-    return type(cfg)(**saved), known, {**state, "changed": changed}  # every knob of a saved config counts as given
+    return type(cfg)(**saved), known, {**state, "changed": changed}
+
+
+def record_resume(run_dir, step, changed):
+    """A resume's accepted changes, appended to RUN/resumes.jsonl."""
+    if changed:
+        with open(os.path.join(run_dir, "resumes.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "changed": changed}) + "\n")
 
 
 def trim_log(run_dir, step):
@@ -205,49 +195,3 @@ def trim_log(run_dir, step):
         with open(path + ".tmp", "w") as f:
             f.writelines(keep)
         os.replace(path + ".tmp", path)
-
-
-def out_of_memory(cfg, step, saved):
-    """The line an out-of-memory stop prints: where the run continues from, and with which of the knobs
-    that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
-    gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
-    lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} (or --gen_batch_size {max(1, gen // 2)}, "
-             f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; experiments/speed.md has "
-             f"settings by GPU memory)")
-    if saved is None:
-        return f"out of memory at step {step}, before any checkpoint; start again with less memory per pass: {lower}"
-    return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; continue with less memory "
-            f"per pass: python train.py --resume {cfg.out_dir} {lower}")
-
-
-class Signals:
-    """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both end
-    the run with a checkpoint. While `hold` is set (from a batch's first update to its log line) they
-    wait, so that a checkpoint always falls on a rollout-batch boundary; a second signal then quits at
-    once, without saving. Installed only in the main thread (Python's rule for signals)."""
-
-    def __init__(self):
-        self.received, self.hold, self.old = None, False, {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-    def handler(self, signum, frame):
-        first = self.received is None
-        self.received = signum
-        if self.hold and first:
-            tqdm.write("stopping after this batch's updates (signal again to quit without saving)")
-            return
-        raise KeyboardInterrupt
-
-    def release(self):
-        """End of a batch: a signal that came during it ends the run now."""
-        self.hold = False
-        if self.received is not None:
-            raise KeyboardInterrupt

@@ -6,6 +6,7 @@ Data: math problems as {"prompt", "answer"} rows, and the one prompt format the 
     load_problems("mine.jsonl", "test")              # your own file's held-out rows (see below)
     describe("mine.jsonl", "test")                   # what those rows are, in words, for a log line
     format_prompt(tokenizer, row["prompt"])          # the text the policy continues
+    batch_at(problems, step, size, seed)             # the prompts of a step: one shuffle per epoch
 
 Every row is {"prompt": the raw question (not templated), "answer": the reference answer, already
 extracted, "id": the row's index in its source}. D3S step 2 (docs/algorithm.md) grades each rollout
@@ -56,6 +57,7 @@ evaluates a .jsonl benchmark on the same test split, so the two measure the same
 import hashlib
 import json
 import os
+import random
 import re
 from pathlib import Path
 
@@ -180,6 +182,18 @@ def format_prompt(tokenizer, question):
 
 # -----------------------------------------------------------------------------
 # Which kind of data set an argument names, and a .jsonl file's train and test splits
+
+
+def batch_at(problems, step, size, seed):
+    """The prompts of a step: a fixed shuffle per epoch, so a resumed run sees the same prompts."""
+    out, epoch_seen = [], None
+    for pos in range(step * size, (step + 1) * size):  # the data position is step * size
+        epoch, i = divmod(pos, len(problems))
+        if epoch != epoch_seen:
+            order, epoch_seen = list(range(len(problems))), epoch
+            random.Random(seed * 1000003 + epoch).shuffle(order)
+        out.append(problems[order[i]])
+    return out
 
 
 def _kind(name, split):

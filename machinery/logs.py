@@ -20,8 +20,10 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
     """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). `updates` are
     the mini-batches that had something to learn; `updates` in the row counts those applied as
     optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite), and
-    `tokens` their kept tokens. Means over the updates are weighted by each update's kept tokens;
-    grad_norm is null when no gradient was measured (no_signal: the update was skipped)."""
+    `tokens` their kept tokens. clip_frac is the clipped share of the step's kept tokens with a
+    gradient (A != 0), counted over all its updates; the ratio and KL means are weighted by each
+    update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update
+    was skipped)."""
     valid, applied = kept.completion_mask, [u for u in updates if u["applied"]]
     n = max(sum(u["tokens"] for u in updates), 1)
     norms = [u["grad_norm"] for u in updates if math.isfinite(u["grad_norm"])]
@@ -42,7 +44,8 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "no_signal": not updates,  # the update was skipped: nothing to learn (NO_SIGNAL)
         "zero_grad": sum(u["zero_grad"] for u in updates), "nonfinite": sum(u["nonfinite"] for u in updates),
         "grad_norm": sum(norms) / len(norms) if norms else None,
-        "clip_frac": mean("clip_frac", 0.0), "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
+        "clip_frac": sum(u["clipped"] for u in updates) / max(sum(u["signal"] for u in updates), 1),
+        "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
         "ratio_min": min((u["ratio_min"] for u in updates), default=1.0),
         "ratio_max": max((u["ratio_max"] for u in updates), default=1.0),
         "ratio_first": [first["ratio_min"], first["ratio_max"]] if first else None,  # [1.0, 1.0] on any device

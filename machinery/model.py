@@ -6,6 +6,7 @@ load_model, so that training and evaluation can never load a checkpoint in two d
     load_model("out/d3s-tiny/checkpoint")    # a folder written by save_pretrained
     load_model("Qwen2.5-Math-1.5B")          # a short name -> the hub id Qwen/Qwen2.5-Math-1.5B
     load_model("Qwen/Qwen2.5-0.5B-Instruct") # a hub id, as is
+    disable_dropout(model)                   # [ours] a forward is a function of the weights alone
 
 The argument is read in this order: "tiny"; an existing folder; a short name from ALIASES; a hub id
 ("org/name"). Anything that cannot be loaded is a one-line ValueError that says what to do instead.
@@ -145,6 +146,24 @@ def _device(device):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; use --device cpu or auto")
     return device
+
+
+def disable_dropout(model):
+    """[ours] No dropout in the policy (TRL's disable_dropout does the same): the ratio and the KL
+    compare the policy with itself, so a forward must be a function of the weights alone. With
+    dropout the first mini-batch's ratio is not 1, and dropout's draws from torch's global generator
+    make two runs with one seed differ and a resume inexact. Qwen2 and Llama keep their attention
+    dropout as a float on each attention module (and in the config, saved with every checkpoint),
+    not as an nn.Dropout."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    for key, value in vars(model.config).items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(model.config, key, 0.0)
+    return model
 
 
 # -----------------------------------------------------------------------------
