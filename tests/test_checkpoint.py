@@ -375,3 +375,133 @@ def test_real_processes_sigterm_saves_and_exits_143_bad_input_is_one_line(tmp_pa
     assert step >= 2 and len(rows(out)) == step and done == step - 1  # the last step logged is the last saved
     stdout, stderr = bad.communicate(timeout=120)
     assert (bad.returncode, stderr.strip(), stdout) == (2, "error: --s_final must be in (0, 1], got 2.0", "")
+
+
+# ----------------------------------------------------------------------------- one run per folder, and its stops
+
+
+def test_a_folder_in_use_is_refused_at_once_and_a_killed_runs_lock_is_taken_over(tmp_path, tiny_dir, capsys,
+                                                                                 monkeypatch):
+    """A second train.py into the folder of a run still in its step-0 evaluation (the folder holds only
+    config.json then) is refused at once, with one line, even with --overwrite true, and leaves the
+    first run whole. A lock file whose process is gone is taken over."""
+    run_dir, real, tried = tmp_path / "live", train.held_out, []
+
+    def second_run_meanwhile(*a, **k):
+        if not tried:  # the first evaluation of the first run: a second run starts into its folder
+            tried.append(exit_2(["--model", tiny_dir, "--out_dir", str(run_dir), "--seed", "1", "--steps", "1",
+                                 "--overwrite", "true"], capsys))
+        return real(*a, **k)
+    monkeypatch.setattr(train, "held_out", second_run_meanwhile)
+    train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **{**KW, "steps": 2, "eval_every": 0}),
+                log=lambda *a: None)
+    assert "is in use by a train.py that is still running" in tried[0] and f"pid {os.getpid()}" in tried[0]
+    assert json.load(open(run_dir / "config.json"))["seed"] == 0 and [r["step"] for r in rows(run_dir)] == [0, 1]
+    assert not (run_dir / "run.lock").exists()  # released on exit
+    # a folder with only another run's config.json holds a run
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds another run"):
+        checkpoint.check_fresh(str(tmp_path / "half"))
+    # the lock file a killed run leaves (no process holds it) is taken over
+    (tmp_path / "stale").mkdir()
+    (tmp_path / "stale" / "run.lock").write_text("999999999\n")
+    train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "stale"), **{**KW, "steps": 1, "eval_every": 0}),
+                log=lambda *a: None)
+    assert not (tmp_path / "stale" / "run.lock").exists()
+
+
+def test_a_killed_process_leaves_a_lock_the_next_process_takes(tmp_path, tiny_dir):
+    """Real processes: while a run is live a second process into its folder exits 2 with one line; after the
+    first is killed (SIGKILL: no handler runs, its run.lock stays), --resume takes the folder."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "killed"
+    args = ["--model", tiny_dir, "--out_dir", str(out), "--eval_every", "0", "--eval_size", "2",
+            "--prompts_per_step", "2", "--group_size", "2", "--save_every", "1"]
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--steps", "500"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("step    1 "):
+            break
+    second = subprocess.run([sys.executable, "train.py", *args, "--steps", "2", "--overwrite", "true"], cwd=ROOT,
+                            capture_output=True, text=True, env=env, timeout=120)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert second.returncode == 2 and second.stdout == "" and len(second.stderr.strip().splitlines()) == 1
+    assert "is in use by a train.py that is still running" in second.stderr
+    assert (out / "run.lock").exists() and (out / "checkpoint" / "trainer.pt").is_file()
+    resumed = subprocess.Popen([sys.executable, "train.py", "--resume", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+    first = next(resumed.stdout)  # the run's first line: it took the folder
+    resumed.send_signal(signal.SIGTERM)
+    rest, _ = resumed.communicate(timeout=120)
+    assert first.startswith(f"run {out} ") and resumed.returncode == 143, first + rest
+
+
+def test_a_resumed_run_keeps_its_world_when_its_source_folder_is_gone(tmp_path, tiny_dir):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_dir, source)
+
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=str(source), out_dir=str(tmp_path / "run"), **{**KW, "steps": 2}),
+                    log=stop_after_step_0)
+    shutil.rmtree(source)
+    lines = []
+    train.train(train.Config(resume=str(tmp_path / "run")), log=lines.append)
+    assert "the tiny world's values" in lines[0]
+    assert json.load(open(tmp_path / "run" / "checkpoint" / "tiny.json"))["world"] == "tiny"
+    picked = config.resolve(train.Config(model=str(tmp_path / "run" / "checkpoint")), given={"model"})
+    assert (picked.dataset, picked.lr, picked.max_new_tokens) == ("tiny", 5e-5, 32)
+
+
+def test_a_refused_resume_records_no_change(tmp_path, tiny_dir, capsys):
+    run_dir = tmp_path / "done"
+    train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **{**KW, "steps": 1, "eval_every": 0}),
+                log=lambda *a: None)
+    assert "--micro_batch_size must be at least 1" in exit_2(["--resume", str(run_dir), "--micro_batch_size", "0"],
+                                                             capsys)
+    assert "--generation must be one of" in exit_2(["--resume", str(run_dir), "--generation", "bogus"], capsys)
+    assert not (run_dir / "resumes.jsonl").exists()
+
+
+def test_a_signal_during_the_interrupts_own_save_waits_for_it(tmp_path, tiny_dir, monkeypatch):
+    """SIGTERM at the start of step 1, then a second SIGTERM while that interrupt's checkpoint is being
+    written: the save finishes and the exit code is SIGTERM's."""
+    real_batch, real_fsync, sent = train.batch_at, checkpoint.fsync, []
+
+    def first_signal(*a, **k):
+        if a[1] == 1 and not sent:  # step 1
+            sent.append("first")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_batch(*a, **k)
+
+    def second_signal(path):
+        if sent == ["first"]:  # the interrupt's own save
+            sent.append("second")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_fsync(path)
+    monkeypatch.setattr(train, "batch_at", first_signal)
+    monkeypatch.setattr(checkpoint, "fsync", second_signal)
+    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run")] + [f"--{k}={v}" for k, v in KW.items()]
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv + ["--save_every=0", "--eval_every=0"])
+    assert e.value.code == 143 and sent == ["first", "second"]
+    assert torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 1
+    assert not (tmp_path / "run" / "checkpoint.tmp").exists()
+
+
+def test_a_signal_before_any_step_says_what_was_saved(tmp_path, tiny_dir, monkeypatch):
+    real, lines = train.held_out, []
+
+    def signal_in_the_first_evaluation(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(train, "held_out", signal_in_the_first_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "run"), **KW), log=lines.append)
+    said = lines[-1].strip()
+    assert "step -1" not in said and "no step had finished" in said and "it resumes at step 0" in said, said
+    assert torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 0

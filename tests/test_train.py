@@ -386,7 +386,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir)
     ro = Rollouts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 3,
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
-    stats = dict(loss=0.1, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0)
+    stats = dict(loss=0.1, clipped=0, signal=4, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0)
     updates = [{**stats, "tokens": 4, "on_policy": True, "grad_norm": 2.0, "applied": True, "nonfinite": 0,
                 "zero_grad": 0},
                {**stats, "tokens": 2, "on_policy": False, "grad_norm": 0.0, "applied": False, "nonfinite": 0,
@@ -442,3 +442,38 @@ def test_nan_logits_stop_the_run_naming_the_step(tmp_path, tiny_dir, capsys):
     assert e.value.code == 1 and len(err) == 1, err
     assert err[0].startswith("error: step 0: the model produced NaN or inf logits") and "--lr" in err[0]
     assert not (tmp_path / "run" / "log.jsonl").exists()  # no step was logged, no checkpoint saved
+
+
+def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir, monkeypatch):
+    """A step's clip_frac is its clipped tokens over its kept tokens with a gradient (A != 0), summed over
+    all its updates (README, docs/algorithm.md): not each update's share weighted by its kept tokens."""
+    real, seen = train.backward, []
+
+    def recorded(*a, **k):
+        u = real(*a, **k)
+        if u is not None:
+            seen.append(u)
+        return u
+    monkeypatch.setattr(train, "backward", recorded)
+    _, _, run_dir = run(tmp_path, "clip", tiny_dir, method="grpo", updates_per_batch=4, lr=2e-4, steps=3,
+                        eval_every=0, save_every=0)
+    log = rows(run_dir)
+    for r in log:
+        mine = seen[:len(r["losses"])]
+        del seen[:len(r["losses"])]
+        assert r["clip_frac"] == pytest.approx(sum(u["clipped"] for u in mine) / max(sum(u["signal"] for u in mine), 1))
+    assert any(r["clip_frac"] > 0 for r in log)  # the clip acted, so the two definitions can differ
+    # by hand: 1 of 10 clipped in an update of 100 kept tokens, 3 of 10 in one of 10 kept tokens: 4 / 20
+    from machinery.logs import step_record
+    from rollout import Rollouts
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    ro = Rollouts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 3,
+                  dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
+                  ["", ""], torch.zeros(2, 3))
+    base = dict(loss=0.1, ratio_mean=1.0, kl=0.0, ratio_min=0.5, ratio_max=1.5, on_policy=False, grad_norm=1.0,
+                applied=True, nonfinite=0, zero_grad=0)
+    updates = [dict(base, tokens=100, clipped=1, signal=10, clip_frac=0.1),
+               dict(base, tokens=10, clipped=3, signal=10, clip_frac=0.3)]
+    row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
+                      {"no_answer": 0}, updates)
+    assert row["clip_frac"] == 0.2  # a weighted mean of the shares would give (0.1 * 100 + 0.3 * 10) / 110
