@@ -86,6 +86,25 @@ class Rollouts:
         return input_ids, attention_mask, self.completion_start - first, width
 
 
+@dataclass
+class Piece:
+    """A micro-batch of rollouts, cut to its own span (Rollouts.piece), for a forward pass."""
+    rows: torch.Tensor                     # (n,) indices into the rollouts
+    input_ids: torch.Tensor                # (n, L)
+    attention_mask: torch.Tensor           # (n, L)
+    start: int                             # first completion column of input_ids
+    width: int                             # completion columns: the (n, width) slice of (N, T)
+    hidden: Optional[torch.Tensor] = None  # (n, width, H) with grad, when step 5 ran this forward
+
+
+def micro_batches(kept, rows, size):
+    """The rollouts `rows` of `kept` in micro-batches of at most `size`, longest first, each cut to
+    its own span, so a short rollout never pays for a long one's padding. [ours]"""
+    lengths = kept.prompt_mask[rows].sum(dim=1) + kept.completion_mask[rows].sum(dim=1)
+    order = rows[torch.argsort(lengths, descending=True, stable=True)]
+    return [Piece(r, *kept.piece(r)) for r in order.split(size)]
+
+
 def stop_token_ids(model, tokenizer):
     """Sorted list of every token id that ends a completion: the model's
     generation_config.eos_token_id (int or list) and the tokenizer's eos_token_id. [ours] Plus

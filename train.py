@@ -15,7 +15,6 @@ selection (top |A| * entropy, pooled over the step) -> 7 K updates on the kept t
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -27,7 +26,7 @@ from machinery.logs import Stopwatch, step_record
 from machinery.model import autocast, disable_dropout, load_model, weight_dtype
 from machinery.run import Run
 from reward import score
-from rollout import completion_hidden, generate_groups, head_logprobs
+from rollout import completion_hidden, generate_groups, head_logprobs, micro_batches
 
 # -----------------------------------------------------------------------------
 # config: every knob with the value a run uses. pick(tiny=..., real=...) holds, on the knob's line,
@@ -179,25 +178,6 @@ def train(cfg, log=print, given=None):
 
 # -----------------------------------------------------------------------------
 # the step's helpers, in the order the step calls them
-
-
-@dataclass
-class Piece:
-    """A micro-batch of kept rollouts, cut to its own span (Rollouts.piece)."""
-    rows: torch.Tensor                     # (n,) indices into the kept rollouts
-    input_ids: torch.Tensor                # (n, L)
-    attention_mask: torch.Tensor           # (n, L)
-    start: int                             # first completion column of input_ids
-    width: int                             # completion columns: the (n, width) slice of (N, T)
-    hidden: Optional[torch.Tensor] = None  # (n, width, H) with grad, when step 5 ran this forward
-
-
-def micro_batches(kept, rows, size):
-    """The kept rollouts `rows` in micro-batches of at most `size`, longest first, each cut to its
-    own span, so a short rollout never pays for a long one's padding. [ours]"""
-    lengths = kept.prompt_mask[rows].sum(dim=1) + kept.completion_mask[rows].sum(dim=1)
-    order = rows[torch.argsort(lengths, descending=True, stable=True)]
-    return [Piece(r, *kept.piece(r)) for r in order.split(size)]
 
 
 def minibatch_rows(n, k, generator):

@@ -37,7 +37,7 @@ import d3s
 from machinery import checkpoint, config, plots, tiny
 from machinery.data import describe
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
-from rollout import NonFiniteLogits
+from machinery.sampling import NonFiniteLogits
 
 try:
     import fcntl  # POSIX
