@@ -10,7 +10,7 @@ say with what confidence each one learns faster or slower than GRPO.
     # ... then 8 reported seeds 0..7 with the chosen lrs, evaluated on the whole test split every 10 steps
     python experiments/bench.py --methods grpo,d3s --tuned out/tune/tuned.json --seeds 8 --eval_size all --eval_every 10 \
         --out out/study
-    # each method's (lr, K updates per rollout batch) from both grids
+    # each method's (lr, K updates per step) from both grids
     python experiments/bench.py --methods grpo,d3s --lr_grid 5e-5,1e-4 --updates_grid 2,4 --seeds 2 --seed_start 100 \
         --out out/tune-k
 
@@ -56,7 +56,8 @@ What bench writes in DIR (--out):
 The table, one row per method (and lr and K). Every "±" is a 95% confidence interval over seeds from
 Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n), s the sample std
 (no interval for one seed):
-  lr, K            the row's learning rate and optimizer steps per rollout batch (--updates_per_batch)
+  lr, K            the row's learning rate and updates per step (--updates_per_batch; a step is one
+                   rollout batch, an update one optimizer step on a mini-batch)
   final acc %      held-out accuracy after the last step
   Δ final          paired, in points: per seed, final accuracy minus GRPO's with the same seed
   AUC %            area under the accuracy-vs-step curve (trapezoid over the evaluated steps, step 0
@@ -72,8 +73,8 @@ Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n),
                    in the steps before "steps to GRPO", mean over seeds
   rollouts, tokens what the loss was computed on (kept rollouts / kept tokens summed over the run),
                    mean over seeds, and as a share of GRPO's
-  zero-var %       the share of the rollout batch's groups whose rewards are all equal (all right or all
-                   wrong: every advantage 0, nothing to learn), log.jsonl's zero_var, averaged over the
+  zero-var %       the share of the step's zero-variance groups, whose rewards are all equal (all right
+                   or all wrong: every advantage 0, nothing to learn), log.jsonl's zero_var, averaged over the
                    run's steps; mean ± interval over seeds. It depends on the policy, so on the method:
                    a method that learns faster leaves fewer all-wrong groups (and more all-right ones)
   gen s, upd s     seconds per step: generating the rollouts, and everything after (reward to update)
@@ -454,7 +455,7 @@ def parse_args(argv):
     p.add_argument("--lr", default=None, help="1e-4, or grpo=1e-4,d3s=2e-4 (default: train.py's)")
     p.add_argument("--tuned", default=None, help="a tuning run's tuned.json: each method's lr (and K)")
     p.add_argument("--lr_grid", default=None, help="tuning mode: every method at each of these lrs: 5e-5,1e-4,2e-4")
-    p.add_argument("--updates_grid", default=None, help="tuning mode: and at each of these K (updates per batch): 2,4")
+    p.add_argument("--updates_grid", default=None, help="tuning mode: and at each of these K (updates per step): 2,4")
     for name, kind in PASS_THROUGH.items():  # None: train.py's default for the world
         kind = (lambda s: s if s == "all" else int(s)) if name == "eval_size" else kind
         p.add_argument(f"--{name}", type=kind, default=None, help="passed to train.Config" +

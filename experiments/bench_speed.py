@@ -21,7 +21,7 @@ weights never answers right, and a step with nothing to learn skips its update i
 Each configuration runs in its own process, so that its peak memory is its own (RSS on a CPU,
 torch.cuda.max_memory_allocated on a GPU) and nothing is shared or cached between them:
   train.py grpo, train.py d3s    train.train() at the real-model defaults (--generation prefix), but one
-                                 optimizer step per rollout batch (--updates_per_batch 1, TRL's default),
+                                 update per step (--updates_per_batch 1, TRL's default),
                                  timed from log.jsonl: t_gen, t_fb (every forward and backward pass,
                                  the no-grad one included) and t_upd (everything after generation)
   train.py grpo (plain generate) the same with --generation plain: what the prefix cache saves
@@ -94,7 +94,8 @@ def coin_flips(n, call):
     """[ours] The rewards every configuration trains on: n seeded coin flips (0/1) for its call-th batch.
     A model with random weights never answers right, so with the real grader every reward would be 0,
     every advantage 0, and train.py would skip each update as having nothing to learn (TRL would run it
-    on zeros): the speed of a step with a signal is what is measured, whatever the model knows."""
+    on zeros): the speed of a step with informative groups is what is measured, whatever the model
+    knows."""
     rng = random.Random(call)
     return [float(rng.random() < 0.5) for _ in range(n)]
 
@@ -118,7 +119,7 @@ def run_train(args, folder, method, generation):
                  lr=1e-6, updates_per_batch=1, eval_size=1, eval_every=0, save_every=0, generation=generation,
                  device=args.device, out_dir=os.path.join(args.out, "runs", f"{method}-{generation}"),
                  overwrite=True)  # the benchmark's own folder: a second benchmark replaces the first's runs
-    # the knobs set here are the run's (K = 1: one optimizer step per batch, TRL's default); the rest are
+    # the knobs set here are the run's (K = 1: one update per step, TRL's default); the rest are
     # train.py's values for the model (a real model: its `real` micro-batch of 16)
     train.train(train.Config(**knobs), log=lambda *a: None, given=knobs)
     with open(os.path.join(knobs["out_dir"], "log.jsonl")) as f:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What to run on a lent GPU machine (experiments/speed.md): the GPU check of train.py on a
+# What to run on a GPU machine (experiments/speed.md): the GPU check of train.py on a
 # Qwen2.5-0.5B-shaped model, then the bench study. Expects .whl (wheels of the pinned packages the
 # machine lacks), .tok (the Qwen2.5 tokenizer and GSM8K as NAME/SPLIT.jsonl) and out/tiny (the
 # warmed-up tiny model) next to the repository, and $OUT for results.

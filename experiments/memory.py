@@ -2,7 +2,7 @@
 GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU. experiments/speed.md
 ("Memory by card size") holds this script's table and says which figure is measured and which counted.
 
-No GPU has been lent to this project. What train.py holds on a GPU is what it holds on a CPU under
+Not measured on a GPU yet. What train.py holds on a GPU is what it holds on a CPU under
 bf16 autocast: the same operators save the same tensors for backward, in the same dtypes. Attention,
 the one operator whose kernel differs, keeps the same things on both (the CPU's flash kernel and
 CUDA's memory-efficient one, which is what a padding mask gets: q, k and v, the output, the

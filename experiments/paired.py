@@ -6,7 +6,7 @@ experiments/study.md to compare K = 4 with K = 1, and GSPO with GRPO's loss.
     python experiments/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
 
 Also prints, from each run's log.jsonl, the mean share of kept tokens the clip zeroed (clip_frac)
-and the mean min/max ratio over the steps: what several updates per batch did to the ratio.
+and the mean min/max ratio over the steps: what several updates per step did to the ratio.
 """
 import json
 import os

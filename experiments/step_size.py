@@ -1,36 +1,41 @@
 """
-How far does one update move the weights, GRPO against D3S, and does AdamW cancel the token-mean divisor?
+How far does one update move the weights, GRPO against D3S? Does AdamW cancel the token-mean divisor?
 
-    python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
-    python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
-    python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
-    python experiments/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...  # each tuned
+    python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 \
+        --out out/study/step-tiny.json
+    python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 \
+        --out out/study/step-weak.json
+    python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json \
+        --png out/study/step-size.png
+    # each method at its tuned setting
+    python experiments/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...
 
-The question (experiments/study.md, section F). GRPO's loss is a mean over every token of the rollout batch,
-the tokens of groups whose rewards are all equal (advantage 0, nothing to learn) included, so its
-gradient shrinks with the share of groups that carry a signal; D3S's is a mean over the tokens it
-keeps, most of them with a signal, so its gradient is larger (experiments/study.md, section A: about 1 / the
-share of tokens kept). Under SGD a larger gradient is a larger step. AdamW divides each parameter's
-update by a running root-mean-square of its gradient, so a gradient scaled by a constant gives the
-same step; but the running mean remembers earlier updates (beta2 0.999), so a gradient that is
-smaller than usual on one batch (GRPO on a batch with few informative groups) still gives a smaller
-step on it. And before AdamW, the clip (grad_clip 1.0) scales any gradient norm above 1 down to 1.
-This script measures what reaches the weights, instead of asserting it.
+The question (experiments/study.md, section F). A step is one rollout batch and its K updates.
+GRPO's loss is a mean over every token of the step, the tokens of zero-variance groups (all rewards
+equal: advantage 0, nothing to learn) included, so its gradient shrinks with the share of
+informative groups; D3S's is a mean over the tokens it keeps, most of them with a nonzero
+advantage, so its gradient is larger (experiments/study.md, section A: about 1 / the share of tokens
+kept). Under SGD a larger gradient is a larger update. AdamW divides each parameter's update by a
+running root-mean-square of its gradient, so a gradient scaled by a constant moves the weights as
+far; but the running mean remembers earlier updates (beta2 0.999), so a gradient that is smaller
+than usual on one step (GRPO on a step with few informative groups) still moves them less. And
+before AdamW, the clip (grad_clip 1.0) scales any gradient norm above 1 down to 1. This script
+measures what reaches the weights, instead of asserting it.
 
 `run` trains each method with each seed through train.train itself (the same code as every study
 run) and records, without changing what is computed:
-  per update        the gradient norm before clipping (train.optimizer_step's own) and ||delta theta||,
-                    the L2 norm of the change of all weights made by that optimizer step
-  per rollout batch ||theta after its K updates - theta before||, and from log.jsonl the share of
-                    groups with all rewards equal (zero_var) and the tokens trained
-`show` prints, per world and method, from the rollout batches after the first SKIP = 5 (AdamW's
-first updates, bias-corrected, move every weight by about lr whatever the gradient: a transient, the
-same for every method): the mean gradient norm, the share of updates the clip at 1.0 cut, the mean
-||delta theta|| per update and per rollout batch (that over lr; lr * sqrt(number of weights) would be
-every weight moving by lr), and how the rollout batch's ||delta theta|| follows the informative share
-1 - zero_var: the Pearson correlation over batches and the slope, as the change of ||delta theta||
-(relative to its run's mean) per 0.1 more of the share (seeds pooled, each run's values taken
-relative to its own mean). One thread (torch.set_num_threads(1)); runs one after another.
+  per update  the gradient norm before clipping (train.optimizer_step's own) and ||delta theta||,
+              the L2 norm of the change of all weights made by that optimizer step
+  per step    ||theta after its K updates - theta before||, and from log.jsonl the share of
+              zero-variance groups (zero_var) and the tokens trained
+`show` prints, per world and method, from the steps after the first SKIP = 5 (AdamW's first
+updates, bias-corrected, move every weight by about lr whatever the gradient: a transient, the same
+for every method): the mean gradient norm, the share of updates the clip at 1.0 cut, the mean
+||delta theta|| per update and per step (that over lr; lr * sqrt(number of weights) would be every
+weight moving by lr), and how the step's ||delta theta|| follows the informative share 1 - zero_var:
+the Pearson correlation over steps and the slope, as the change of ||delta theta|| (relative to its
+run's mean) per 0.1 more of the share (seeds pooled, each run's values taken relative to its own
+mean). One thread (torch.set_num_threads(1)); runs one after another.
 """
 import argparse
 import dataclasses
@@ -46,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from machinery import config  # noqa: E402
 import train  # noqa: E402
 
-SKIP = 5  # rollout batches left out of `show`'s numbers: AdamW's first, bias-corrected updates
+SKIP = 5  # steps left out of `show`'s numbers: AdamW's first, bias-corrected updates
 
 
 def flat(model):
@@ -55,8 +60,8 @@ def flat(model):
 
 
 def measured_run(cfg):
-    """train.train(cfg) with the weights' change recorded per update and per rollout batch."""
-    updates, starts = [], []  # starts: the weights before each rollout batch's generation
+    """train.train(cfg) with the weights' change recorded per update and per step."""
+    updates, starts = [], []  # starts: the weights before each step's generation
     optimizer_step, generate_groups = train.optimizer_step, train.generate_groups
 
     def step_and_measure(model, optimizer, grad_clip, loss):
@@ -67,7 +72,7 @@ def measured_run(cfg):
                             "delta": (flat(model) - before).norm().item()})
         return out
 
-    def generate_and_mark(model, *args, **kwargs):  # train.py's step 1, once per rollout batch
+    def generate_and_mark(model, *args, **kwargs):  # train.py's step 1, once per step
         starts.append(flat(model))
         return generate_groups(model, *args, **kwargs)
 
@@ -78,7 +83,7 @@ def measured_run(cfg):
         train.optimizer_step, train.generate_groups = optimizer_step, generate_groups
     with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    # the net change of each rollout batch but the last (its end is not marked by a next generation)
+    # the net change of each step but the last (its end is not marked by a next generation)
     batches = [{"step": r["step"], "zero_var": r["zero_var"], "tokens": r["tokens"], "updates": r["updates"],
                 "delta": (b - a).norm().item()} for r, a, b in zip(rows, starts, starts[1:])]
     return {"method": cfg.method, "seed": cfg.seed, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
@@ -117,10 +122,10 @@ def pearson(xs, ys):
 
 
 def summary(runs, skip=SKIP):
-    """The table's numbers for one method's runs (all seeds), from rollout batch `skip` on."""
+    """The table's numbers for one method's runs (all seeds), from step `skip` on."""
     ups = [(u, r) for r in runs for u in r["updates"] if u["step"] >= skip]
     bat = [b for r in runs for b in r["batches"] if b["step"] >= skip]
-    rel_delta, rel_info = [], []  # per batch, relative to its run's mean: seeds pooled without their offsets
+    rel_delta, rel_info = [], []  # per step, relative to its run's mean: seeds pooled without their offsets
     for r in runs:
         d = [b["delta"] for b in r["batches"] if b["step"] >= skip]
         i = [1 - b["zero_var"] for b in r["batches"] if b["step"] >= skip]
@@ -141,9 +146,9 @@ def summary(runs, skip=SKIP):
 
 def show(args):
     rows = []
-    print(f"rollout batches {SKIP} and later; Δθ: the change of all weights (L2 norm)")
+    print(f"steps {SKIP} and later; Δθ: the change of all weights (L2 norm)")
     print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped | ‖Δθ‖ / update "
-          "| ‖Δθ‖ / rollout batch | ÷ lr | zero-var | corr(‖Δθ‖ batch, 1 - zero-var) | per +0.1 of it |")
+          "| ‖Δθ‖ / step | ÷ lr | zero-var | corr(‖Δθ‖ step, 1 - zero-var) | per +0.1 of it |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.files:
         with open(path) as f:
@@ -160,7 +165,7 @@ def show(args):
 
 
 def plot(rows, path):
-    """||delta theta|| per rollout batch against step, and against the informative share, per world."""
+    """||delta theta|| per step against step, and against the informative share, per world."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,10 +183,10 @@ def plot(rows, path):
             bottom.scatter([1 - b["zero_var"] for b in later], [b["delta"] for b in later], s=8, alpha=0.5,
                            color=line.get_color(), label=f"{method}: corr {s['corr_info']:+.2f}")
         top.set_title(world)
-        top.set_xlabel("step (rollout batch)")
-        top.set_ylabel("‖Δθ‖ of the rollout batch (seed mean)")
-        bottom.set_xlabel("share of the batch's groups with a signal (1 - zero-var)")
-        bottom.set_ylabel(f"‖Δθ‖ of the rollout batch (batches {SKIP} and later)")
+        top.set_xlabel("step")
+        top.set_ylabel("‖Δθ‖ of the step (seed mean)")
+        bottom.set_xlabel("share of the step's informative groups (1 - zero-var)")
+        bottom.set_ylabel(f"‖Δθ‖ of the step (steps {SKIP} and later)")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
@@ -201,7 +206,7 @@ def main(argv=None):
     r.add_argument("--tuned", default=None, help="a bench.py tuned.json: each method's lr and K")
     r.add_argument("--lr", type=float, default=None, help="every method's lr (over --tuned's)")
     r.add_argument("--updates_per_batch", type=int, default=None, help="every method's K (over --tuned's)")
-    r.add_argument("--out", required=True, help="the JSON of every update and rollout batch")
+    r.add_argument("--out", required=True, help="the JSON of every update and step")
     s = sub.add_parser("show", help="the table (and a plot) of one or more run files")
     s.add_argument("files", nargs="+")
     s.add_argument("--png", default=None)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The study of experiments/study.md: does D3S learn faster per rollout batch than GRPO? Every command, in order.
+# The study of experiments/study.md: does D3S learn faster per step than GRPO? Every command, in
+# order.
 #
 #   bash experiments/study.sh tune       # learning rates (and K) on tuning seeds 100-101: about 70 minutes
 #   bash experiments/study.sh run        # the study itself on seeds 0-7: about 100 minutes
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 C="--eval_size all --eval_every 10 --jobs 2 --threads 1"   # the whole test split, every 10 steps
 SIX=grpo,d3s,d2s,d1s-cross,entropy,pods
-SGD="--optimizer sgd --grad_clip 0"   # momentum 0.9 (train.py); no clip: D3S's larger gradient norm reaches the step
+SGD="--optimizer sgd --grad_clip 0"  # momentum 0.9 (train.py); no clip: D3S's larger norm reaches the weights
 WEAK="--model tiny-weak --steps 60 $C"  # the world where most groups start all wrong (tiny.py)
 
 case "${1:-}" in
@@ -23,21 +24,22 @@ tune)
       --out out/study/tune-tiny-adamw
   python experiments/bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --lr_grid 3e-4,1e-3,3e-3,1e-2,3e-2 --seeds 2 \
       --seed_start 100 --steps 60 $C --out out/study/tune-tiny-sgd
-  # K (updates per rollout batch) and the learning rate together, K = 1 included
+  # K (updates per step) and the learning rate together, K = 1 included
   python experiments/bench.py --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4 --updates_grid 1,2,4 --seeds 2 --seed_start 100 \
       --steps 60 $C --out out/study/tune-tiny-adamw-k
   ;;
 run)
-  # A: today's world, AdamW, K = 1, every method at its tuned learning rate
+  # A: the default world, AdamW, K = 1, every method at its tuned learning rate
   python experiments/bench.py --methods $SIX --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 --steps 60 $C \
       --out out/study/tiny-adamw
-  # D: today's world, AdamW, each method's tuned K and learning rate
+  # D: the default world, AdamW, each method's tuned K and learning rate
   python experiments/bench.py --methods grpo,d3s --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 --steps 60 $C \
       --out out/study/tiny-adamw-k
-  # E: D under GSPO's sequence ratio and clip range (--loss gspo)
+  # D, second table: the same under GSPO's sequence ratio and clip range (--loss gspo)
   python experiments/bench.py --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-adamw-k-gspo
-  # B: today's world, SGD with momentum, no gradient clip: where a larger gradient norm is a larger step
+  # B: the default world, SGD with momentum, no gradient clip: where a larger gradient norm is a
+  #    larger update
   python experiments/bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --tuned out/study/tune-tiny-sgd/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-sgd
   # C: the longer-chain world (8 terms, 50-token solutions), AdamW, the tiny world's learning rates [a
@@ -65,7 +67,8 @@ weak)
   # the world's check: GRPO at its tuned lr and K, 100 steps, 3 seeds (the same seeds 0-2 as F's first three)
   python experiments/bench.py --model tiny-weak --methods grpo --tuned out/study/tune-weak.json --seeds 3 --steps 100 $C \
       --out out/study/weak-grpo-100
-  # G: GRPO and D3S at one setting, lr 5e-5 and K = 4 (D3S's tuned one in both worlds), both worlds, this code
+  # G: GRPO and D3S at one setting, lr 5e-5 and K = 4 (D3S's tuned one in both worlds), both worlds,
+  #    one code
   python experiments/bench.py $WEAK --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --out out/study/weak-same
   python experiments/bench.py --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --steps 60 $C --out out/study/tiny-same
   # the step each update takes (||delta theta||), GRPO against D3S in both worlds, at that setting
