@@ -61,7 +61,7 @@ from machinery import data
 from reward import extract_answer, grade
 from rollout import draw_seed, generate_groups
 
-# Every benchmark data.py knows with a test split. [ours] "math" is left out: its test split is
+# Every benchmark machinery/data.py knows with a test split. [ours] "math" is left out: its test split is
 # MATH-500 itself, already in the list as "math500".
 BENCHMARKS = tuple(name for name, splits in data.SPLITS.items() if "test" in splits and name != "math")
 
@@ -91,7 +91,7 @@ def pass_ks(n):
 
 def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64, top_p=1.0,
              progress=False, desc="eval", seed=None):
-    """Generate n completions for each problem ({"prompt", "answer"} rows of data.py), grade them.
+    """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py), grade them.
 
     batch_size: completions per `generate` call (halved on CUDA out-of-memory).
     seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed gives

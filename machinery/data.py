@@ -31,7 +31,7 @@ below: GSM8K, MATH (as MATH-500), AIME 2024 and 2025, AMC 2023, Minerva, Olympia
   amc23          test 40 (AMC 2023)
   minerva        test 272 (Minerva math)
   olympiadbench  test 675 (OlympiadBench, English, text-only, open-ended math)
-  tiny           the offline synthetic arithmetic world (tiny.py); tiny-* are its harder
+  tiny           the offline synthetic arithmetic world (machinery/tiny.py); tiny-* are its harder
                  worlds (tiny.WORLDS)
 The benchmarks only have a test split; asking for another split is an error that lists the splits.
 
@@ -45,7 +45,7 @@ A .jsonl file of your own has a train and a test split too, and no test row is e
     questions of its "train" sibling, if there is one: the same rows as above, from either name); it
     has no train split, since a file named as a test set is never trained on.
   - any other file (or a training file with no test file beside it): 1 question in HOLD_OUT is held
-    out by a hash of its text, as tiny.py splits its world [ours]: test = the rows whose question's
+    out by a hash of its text, as machinery/tiny.py splits its world [ours]: test = the rows whose question's
     salted sha256 (_hash) is 0 mod HOLD_OUT (the one with the smallest hash if none is, so at least
     1), train = the rest. A question's side depends on its own text alone, not on the file's order
     or the other rows: appending rows never moves a held-out question into training (except the
@@ -101,7 +101,7 @@ SPLITS = {  # the splits each name has
     "olympiadbench": ("test",),
 }
 NAMES = tuple(SPLITS) + ("tiny",)
-HOLD_OUT = 10  # a .jsonl without a test file beside it holds out 1 question in HOLD_OUT (tiny.py's TEST_SHARE)
+HOLD_OUT = 10  # a .jsonl without a test file beside it holds out 1 question in HOLD_OUT (machinery/tiny.py's TEST_SHARE)
 
 # Field names, most specific first, matched case-insensitively (some hub copies write "Problem").
 QUESTION_FIELDS = ("question", "problem", "prompt", "input", "query")
@@ -157,7 +157,7 @@ def describe(name_or_path, split="train", data_dir=None):
     if kind == "tiny":
         from machinery import tiny
         tiny.world(name)  # an unknown world: tiny's one-line error
-        return f"{name} {split} split (tiny.py holds 1 question in {tiny.TEST_SHARE} out, by a hash of its text)"
+        return f"{name} {split} split (1 question in {tiny.TEST_SHARE} of the world, held out by a hash of its text)"
     if name == "math":
         return ("math train split (the MATH test problems outside MATH-500)" if split == "train"
                 else "math test split (MATH-500)")
@@ -278,7 +278,7 @@ def _held_out(questions, where="the file"):
 
 
 def _hash(question):
-    # [ours] salted: tiny.py picks its test questions by the unsalted sha256 % 10, so without the salt a
+    # [ours] salted: machinery/tiny.py picks its test questions by the unsalted sha256 % 10, so without the salt a
     # file of tiny's training questions would have none in the slice, and one of its test questions all
     return int(hashlib.sha256(("held out: " + question).encode("utf-8")).hexdigest(), 16)
 

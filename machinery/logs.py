@@ -6,7 +6,7 @@ The step line (README, "What you see", explains each column):
 
     step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | var(A) 0.71->1.87 | ...
 
-log.jsonl has every field of step_record, one JSON object per step; plots.py draws curves.png from it.
+log.jsonl has every field of step_record, one JSON object per step; machinery/plots.py draws curves.png from it.
 """
 import dataclasses
 import math

@@ -2,7 +2,7 @@
 Models: turn the --model argument of train.py and eval.py into (model, tokenizer). One function,
 load_model, so that training and evaluation can never load a checkpoint in two different ways.
 
-    load_model("tiny")                       # the offline tiny world (tiny.py), built once into out/tiny
+    load_model("tiny")                       # the offline tiny world (machinery/tiny.py), built once into out/tiny
     load_model("out/d3s-tiny/checkpoint")    # a folder written by save_pretrained
     load_model("Qwen2.5-Math-1.5B")          # a short name -> the hub id Qwen/Qwen2.5-Math-1.5B
     load_model("Qwen/Qwen2.5-0.5B-Instruct") # a hub id, as is

@@ -41,10 +41,7 @@ should matter more:
              answer is a carry the model made, which RL can reinforce: GRPO at its tuned lr 1e-4, K = 2
              takes the held-out accuracy from 7.0% to 43.2% in 100 steps (seeds 0-2, whole test split),
              and about half of each batch's groups still have all rewards equal at the end (0.58 over
-             the first 10 steps, 0.49 over the last 50); experiments/study.md, section F. (Until issue 29
-             tiny-weak was the default world with half the warm-up: a model that had not learned to
-             add, 0.12 on the right digit of a plain step, right 10% of the time by luck; nothing
-             learned from it.)
+             the first 10 steps, 0.49 over the last 50); experiments/study.md, section F.
 Their starting points, measured by `python experiments/world_figures.py --world NAME` (seed 0, 1 CPU
 thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256 training
 questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean test solutions,
@@ -55,9 +52,9 @@ the mean probability of the right result digit on steps that do not and that do 
   tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      0.0%       0.95      0.51     50        64
   tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%       0.95      0.07     26        32
 
-(solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: max_new_tokens, what
-train.py gives the world, with room for a longer wrong answer. This table's first version drew
-other samples: tiny-long 13.2% sampled, 41.0% all-wrong.) Also tried: 8 terms with noise 0.5
+(solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: train.py's
+max_new_tokens for the world, pick(tiny=32, tiny_long=64), with room for a longer wrong answer.)
+Also tried: 8 terms with noise 0.5
 (greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps at 0.4 (greedy 43.5%, sampled 17.7%,
 30% all-wrong); the default world at noise 0.8 (greedy 9.8%, sampled 17.6%) and at 0.85 (greedy
 7.8%, sampled 14.1%, 53% all-wrong; GRPO 7.8% -> 68.2% in 100 steps, one seed, its zero-variance
@@ -92,17 +89,17 @@ WARMUP_NOISE = 0.6     # [ours] chance that the teacher forgets the carry on a w
 WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU cores
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
-MAX_NEW_TOKENS = 32    # a full solution is 26 tokens with its <eos> (6 * terms + 2)
 VERSION = 3            # of the warmed-up folder: pretrained() rebuilds a folder made by another version (3: the
                        # warm-up on one thread; a folder of version 2 may have been built on more)
 
 # The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is the
 # default world, built from the constants above; harder ones vary the chain length and the warm-up
-# (their starting points are in the docstring). max_new_tokens: the completion budget the world needs.
+# (their starting points are in the docstring). A world's completion budget is train.py's
+# max_new_tokens, on that knob's line (one source for each value).
 WORLDS = {
-    "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE, max_new_tokens=MAX_NEW_TOKENS),
-    "tiny-long": dict(terms=8, warmup_steps=WARMUP_STEPS, noise=0.4, max_new_tokens=64),   # 7 steps, 50 tokens
-    "tiny-weak": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=0.9, max_new_tokens=MAX_NEW_TOKENS),
+    "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
+    "tiny-long": dict(terms=8, warmup_steps=WARMUP_STEPS, noise=0.4),   # 7 steps, 50 tokens
+    "tiny-weak": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=0.9),
 }
 
 

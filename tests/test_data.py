@@ -301,7 +301,7 @@ def test_describe_names_each_named_split_without_loading_it(tmp_path, monkeypatc
     assert describe("aime24", "test") == "aime24 test split (hub HuggingFaceH4/aime_2024)"
     assert describe("math", "test") == "math test split (MATH-500)"
     assert describe("math", "train") == "math train split (the MATH test problems outside MATH-500)"
-    assert describe("tiny", "test") == "tiny test split (tiny.py holds 1 question in 10 out, by a hash of its text)"
+    assert describe("tiny", "test") == "tiny test split (1 question in 10 of the world, held out by a hash of its text)"
     assert describe("tiny-long", "train").startswith("tiny-long train split")
     for args in (("gsm9k", "test"), ("aime24", "train"), ("tiny-nope", "test")):
         with pytest.raises(ValueError) as info:

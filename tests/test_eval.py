@@ -19,6 +19,7 @@ from machinery.model import load_model
 from reward import extract_answer, grade, score
 from rollout import generate_groups
 
+BUDGET = 32  # train.py's max_new_tokens for the tiny world: pick(tiny=32, ...)
 FIELDS = {"problem", "sample", "prompt", "completion", "answer", "reference", "correct", "length", "truncated"}
 
 
@@ -70,11 +71,11 @@ def test_evaluate_greedy_equals_grading_by_hand(tiny_model):
     model, tokenizer = tiny_model
     problems = tiny.problems("test", limit=64)
     model.train()
-    res = evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=tiny.MAX_NEW_TOKENS)
+    res = evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=BUDGET)
     assert model.training  # restored
 
     prompts = [data.format_prompt(tokenizer, p["prompt"]) for p in problems]
-    by_hand = generate_groups(model, tokenizer, prompts, 1, tiny.MAX_NEW_TOKENS, temperature=0.0)
+    by_hand = generate_groups(model, tokenizer, prompts, 1, BUDGET, temperature=0.0)
     cut = by_hand.truncated.tolist()
     grades = [grade(text, p["answer"], c) for text, p, c in zip(by_hand.texts, problems, cut)]
     accuracy = sum(grades) / len(grades)
@@ -98,7 +99,7 @@ def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
     # different prompt lengths, so the longest-first order differs from the given one
     problems = [{"prompt": q, "answer": str(sum(map(int, q.split("+"))) % 10)}
                 for q in ["1+2", "3+8+5+9", "4+4", "1+2+3", "9+9+9+9+9", "7"]]
-    res = evaluate(model, tokenizer, problems, n=2, temperature=1.0, max_new_tokens=tiny.MAX_NEW_TOKENS,
+    res = evaluate(model, tokenizer, problems, n=2, temperature=1.0, max_new_tokens=BUDGET,
                    batch_size=4, seed=0)
     records = res["records"]
     assert [(r["problem"], r["sample"]) for r in records] == [(i, s) for i in range(6) for s in range(2)]
@@ -117,7 +118,7 @@ def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_
     problems = tiny.problems("test", limit=8)
 
     def completions(**kwargs):
-        res = evaluate(model, tokenizer, problems, n=4, temperature=1.0, max_new_tokens=tiny.MAX_NEW_TOKENS, **kwargs)
+        res = evaluate(model, tokenizer, problems, n=4, temperature=1.0, max_new_tokens=BUDGET, **kwargs)
         return res, [r["completion"] for r in res["records"]]
 
     state = torch.random.get_rng_state()
@@ -212,7 +213,7 @@ def test_cli_greedy_end_to_end(tiny_dir, tmp_path, capsys):
 def test_cli_sampled_columns(tiny_dir, tmp_path, capsys):
     out = tmp_path / "s.jsonl"
     assert main(["--model", tiny_dir, "--benchmarks", "tiny", "--limit", "6", "--n", "4", "--temperature", "1",
-                 "--max_new_tokens", str(tiny.MAX_NEW_TOKENS), "--batch_size", "8", "--out", str(out)]) == 0
+                 "--max_new_tokens", str(BUDGET), "--batch_size", "8", "--out", str(out)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("benchmark"))
     assert [c.strip() for c in header.split("|")][2:5] == ["pass@1", "pass@2", "pass@4"]
     lines, table = _read(out)
@@ -245,7 +246,7 @@ def test_cli_a_jsonl_benchmark_is_the_split_train_py_holds_out(tiny_dir, tiny_mo
     for path, rows in ((mine, tiny.problems("train", limit=40)), (bench, tiny.problems("test", limit=5))):
         path.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
     out = tmp_path / "j.jsonl"
-    assert main(["--model", tiny_dir, "--benchmarks", f"{mine},{bench}", "--max_new_tokens", str(tiny.MAX_NEW_TOKENS),
+    assert main(["--model", tiny_dir, "--benchmarks", f"{mine},{bench}", "--max_new_tokens", str(BUDGET),
                  "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     lines, table = _read(out)

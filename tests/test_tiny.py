@@ -41,20 +41,24 @@ def test_long_chains_are_a_fixed_sample_with_disjoint_splits(terms):
 
 
 def test_every_world_is_complete_and_its_budget_fits_a_solution():
+    """A world's budget is train.py's max_new_tokens for it: the one source of that value."""
+    import train
+    from machinery import config
     tokenizer = tiny.build_tokenizer()
-    assert tiny.WORLDS["tiny"] == dict(terms=4, warmup_steps=200, noise=0.6, max_new_tokens=32)
+    assert tiny.WORLDS["tiny"] == dict(terms=4, warmup_steps=200, noise=0.6)
     for name, spec in tiny.WORLDS.items():
         assert name == "tiny" or name.startswith("tiny-")
-        assert set(spec) == {"terms", "warmup_steps", "noise", "max_new_tokens"}
+        assert set(spec) == {"terms", "warmup_steps", "noise"}
         # a worked solution is 6 * terms + 2 tokens: " ", terms-1 lines "a+b=c" and their newlines,
         # "\n#### d" and <eos> (26 for 4 terms); the budget leaves room for a longer, wrong answer
         solution = tiny.solve([9] * spec["terms"]) + tiny.EOS
         assert len(tokenizer(solution, add_special_tokens=False)["input_ids"]) == 6 * spec["terms"] + 2
-        assert spec["max_new_tokens"] >= 6 * spec["terms"] + 2 + 4
+        budget = config.resolve(train.Config(model=name)).max_new_tokens
+        assert budget >= 6 * spec["terms"] + 2 + 4, name
 
 
 def test_a_worlds_folder_is_built_recognised_and_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setitem(tiny.WORLDS, "tiny-test", dict(terms=3, warmup_steps=2, noise=0.5, max_new_tokens=24))
+    monkeypatch.setitem(tiny.WORLDS, "tiny-test", dict(terms=3, warmup_steps=2, noise=0.5))
     built = []
     path = tiny.pretrained(str(tmp_path / "w"), name="tiny-test", log=built.append)
     assert len(built) > 0 and tiny.world_of(path) == "tiny-test"
