@@ -37,10 +37,12 @@ def test_num_keep_rounds_half_up_and_clamps():
 
 def test_group_advantages_hand_computed():
     r = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])
-    # group 0: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5; group 1: all equal -> 0
+    # group 0: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    # group 1: all equal -> 0
     a = d3s.group_advantages(r, 4)
     s = 0.5 + 1e-6
-    torch.testing.assert_close(a, torch.tensor([0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s, 0, 0, 0, 0]))
+    torch.testing.assert_close(a, torch.tensor([0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s,
+                                                0, 0, 0, 0]))
     assert (a[4:] == 0).all()  # exactly zero, which the zeros-last tie-break relies on
     torch.testing.assert_close(d3s.group_advantages(r, 4, scale="none"),
                                torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]))
@@ -124,7 +126,8 @@ def test_cross_zero_groups_last_brute_force():
     """Every max-variance k-subset (k >= 2) of pooled group-normalised binary advantages holds zeros
     only when the nonzeros are used up; `cross` reaches that optimum with the same zero count."""
     gen = torch.Generator().manual_seed(1)
-    shapes = [(P, 2) for P in range(2, 7)] + [(P, 3) for P in range(2, 5)] + [(2, 4), (3, 4), (2, 6)]
+    shapes = [(P, 2) for P in range(2, 7)] + [(P, 3) for P in range(2, 5)]
+    shapes += [(2, 4), (3, 4), (2, 6)]
     checked = 0
     for P, G in shapes * 4:
         r = binary_batch(gen, P, G)
@@ -204,7 +207,8 @@ def test_pods_renormalises_kept_rewards():
 def test_random_reproducible_with_generator():
     r = torch.zeros(40)
     a = torch.zeros(40)
-    runs = [d3s.select_samples(r, a, 4, 0.25, "random", torch.Generator().manual_seed(s))[0] for s in (7, 7, 8)]
+    runs = [d3s.select_samples(r, a, 4, 0.25, "random", torch.Generator().manual_seed(s))[0]
+            for s in (7, 7, 8)]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
     for idx in runs:
@@ -249,7 +253,7 @@ def test_select_tokens_exact_counts_with_ties():
             assert int(kept.sum()) == max(1, int(keep * valid + 0.5))
             assert not (kept & ~mask).any()
             left_out = mask & ~kept
-            if left_out.any():  # kept scores are a top set: no valid left-out score beats a kept one
+            if left_out.any():  # kept scores are a top set: no left-out valid one beats a kept one
                 assert scores[kept].min() >= scores[left_out].max()
 
 # -----------------------------------------------------------------------------
@@ -264,7 +268,8 @@ def test_keep_ratios_linear_and_constant():
     rho_s, rho_t = zip(*seq)
     assert all(x < y for x, y in zip(rho_s, rho_s[1:]))  # rising
     assert all(x > y for x, y in zip(rho_t, rho_t[1:]))  # falling
-    assert {d3s.keep_ratios(s, total, "constant", 0.25, 0.75, 0.2, 0.6) for s in range(total)} == {(0.25, 0.2)}
+    constant = {d3s.keep_ratios(s, total, "constant", 0.25, 0.75, 0.2, 0.6) for s in range(total)}
+    assert constant == {(0.25, 0.2)}
     assert d3s.keep_ratios(0, 1, "linear", 0.25, 0.75, 0.2, 0.6) == (0.25, 0.2)  # one step: init
 
 
@@ -274,8 +279,9 @@ def test_applied_ratios_by_hand():
     want = {"grpo": (1.0, 1.0), "pods": (0.4, 1.0), "d1s": (0.4, 1.0), "d1s-cross": (0.4, 1.0),
             "d2s": (0.4, 0.3), "d3s": (0.4, 0.3), "d3s-i": (0.4, 0.3), "entropy": (1.0, 0.2)}
     assert {m: d3s.applied_ratios(m, 0.4, 0.3) for m in d3s.METHODS} == want
-    assert d3s.applied_ratios("entropy", 0.4, 0.9) == (1.0, 0.2)  # fixed, whatever the schedule says
-    assert d3s.applied_ratios("d3s", 1, 1) == (1.0, 1.0) and type(d3s.applied_ratios("d3s", 1, 1)[0]) is float
+    assert d3s.applied_ratios("entropy", 0.4, 0.9) == (1.0, 0.2)  # fixed, whatever the schedule
+    assert d3s.applied_ratios("d3s", 1, 1) == (1.0, 1.0)
+    assert type(d3s.applied_ratios("d3s", 1, 1)[0]) is float
 
 # -----------------------------------------------------------------------------
 # loss
@@ -331,7 +337,8 @@ def random_batch(gen, N=6, T=5):
 def test_policy_loss_micro_batches_sum_to_full_batch(loss_type):
     gen = torch.Generator().manual_seed(5)
     theta, old, A, tmask, smask = random_batch(gen)
-    eps = dict(eps_low=0.2, eps_high=0.2) if loss_type == "grpo" else dict(eps_low=0.03, eps_high=0.04)
+    eps = (dict(eps_low=0.2, eps_high=0.2) if loss_type == "grpo"
+           else dict(eps_low=0.03, eps_high=0.04))
     ref = old + 0.1
     num = int(tmask.sum())
     full = theta.clone().requires_grad_()
@@ -356,7 +363,8 @@ def test_on_policy_gradient_is_reinforce(loss_type):
     theta, _, A, tmask, smask = random_batch(gen)
     num = int(tmask.sum()) + 3  # micro-batch style divisor: the step's total, not this call's
     logp = theta.clone().requires_grad_()
-    loss, stats = d3s.policy_loss(logp, logp.detach(), A, tmask, num, loss=loss_type, seq_mask=smask)
+    loss, stats = d3s.policy_loss(logp, logp.detach(), A, tmask, num, loss=loss_type,
+                                  seq_mask=smask)
     loss.backward()
     assert stats["ratio_mean"] == pytest.approx(1.0) and stats["clip_frac"] == 0.0
     ref = theta.clone().requires_grad_()
@@ -373,7 +381,8 @@ def test_gspo_token_with_all_tokens_kept_is_sequence_gspo():
     eps_low, eps_high = 3e-4, 4e-4  # GSPO's own eps
     num = int(mask.sum())
     logp = theta.clone().requires_grad_()
-    loss, stats = d3s.policy_loss(logp, old, A, mask, num, loss="gspo", eps_low=eps_low, eps_high=eps_high)
+    loss, stats = d3s.policy_loss(logp, old, A, mask, num, loss="gspo", eps_low=eps_low,
+                                  eps_high=eps_high)
     loss.backward()
     # sequence-level GSPO by hand: s_i = exp(mean over the completion of (logp - old)), one clipped
     # term per sequence; with the step's token-mean each sequence weighs its length |y_i|
@@ -390,7 +399,8 @@ def test_gspo_token_with_all_tokens_kept_is_sequence_gspo():
     # with equal lengths this is the GSPO paper's (1/G) sum_i min(s_i A_i, clip(s_i) A_i)
     full = torch.ones(4, 3, dtype=torch.bool)
     th, ol, a = theta[:4, :3], old[:4, :3], A[:4]
-    loss_eq, _ = d3s.policy_loss(th, ol, a, full, 12, loss="gspo", eps_low=eps_low, eps_high=eps_high)
+    loss_eq, _ = d3s.policy_loss(th, ol, a, full, 12, loss="gspo", eps_low=eps_low,
+                                 eps_high=eps_high)
     s4 = torch.exp((th - ol).mean(dim=1))
     paper = -torch.minimum(s4 * a, s4.clamp(1 - eps_low, 1 + eps_high) * a).mean()
     assert loss_eq.item() == pytest.approx(paper.item())
@@ -405,7 +415,8 @@ def test_gspo_ratio_uses_all_valid_tokens():
     _, stats = d3s.policy_loss(logp, old, torch.tensor([1.0]), kept, 1, loss="gspo", seq_mask=valid,
                                eps_low=0.5, eps_high=0.5)
     assert stats["ratio_mean"] == pytest.approx(math.exp(0.2))  # mean(0.2, 0, 0.4), not 0.2 alone
-    _, stats = d3s.policy_loss(logp, old, torch.tensor([1.0]), kept, 1, loss="gspo", eps_low=0.5, eps_high=0.5)
+    _, stats = d3s.policy_loss(logp, old, torch.tensor([1.0]), kept, 1, loss="gspo", eps_low=0.5,
+                               eps_high=0.5)
     assert stats["ratio_mean"] == pytest.approx(math.exp(0.2))  # default seq_mask = token_mask
 
 
@@ -424,12 +435,13 @@ def test_policy_loss_padding_values_do_not_leak():
 
 
 def test_population_variance_hand_computed():
-    # [1, 2, 3, 6]: mean 3, squared deviations 4, 1, 0, 9, their mean 14 / 4 = 3.5 (unbiased would be 14 / 3)
+    # [1, 2, 3, 6]: mean 3, squared deviations 4, 1, 0, 9, their mean 14 / 4 = 3.5 (unbiased 14 / 3)
     assert d3s.population_variance(torch.tensor([1.0, 2.0, 3.0, 6.0])) == 3.5
-    assert d3s.population_variance(torch.tensor([1, 0, 1, 1])) == 0.1875  # integers: mean 3/4, (3 / 16 + 9 / 16) / 4
+    # integers: mean 3/4, (3 / 16 + 9 / 16) / 4
+    assert d3s.population_variance(torch.tensor([1, 0, 1, 1])) == 0.1875
     assert d3s.population_variance(torch.tensor([5.0])) == 0.0  # fewer than 2 values
     assert d3s.population_variance(torch.zeros(0)) == 0.0  # not the NaN of an empty mean
-    x = torch.tensor([0.5, -0.5, 1.5], requires_grad=True)  # a tensor with grad (advantages may carry one)
+    x = torch.tensor([0.5, -0.5, 1.5], requires_grad=True)  # with grad, as advantages may carry one
     assert d3s.population_variance(x) == pytest.approx(2 / 3)  # mean 0.5, deviations 0, -1, 1
 
 
@@ -440,7 +452,8 @@ def test_population_variance_hand_computed():
 def test_methods_table():
     expected = {
         "grpo": ("none", "none"), "pods": ("pods", "none"), "d1s": ("intra", "none"),
-        "d1s-cross": ("cross", "none"), "d2s": ("cross", "adv_entropy"), "d3s": ("cross", "adv_entropy"),
+        "d1s-cross": ("cross", "none"), "d2s": ("cross", "adv_entropy"),
+        "d3s": ("cross", "adv_entropy"),
         "d3s-i": ("intra", "adv_entropy"), "entropy": ("none", "entropy"),
     }
     assert {m: (c["sample"], c["token"]) for m, c in d3s.METHODS.items()} == expected
@@ -457,7 +470,8 @@ def test_import_pulls_in_only_torch_and_stdlib():
     code = ("import sys; import torch; before = set(sys.modules); import d3s; "
             "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
             "print(sorted(new - set(sys.stdlib_module_names) - {'d3s', 'torch'}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
     assert out.stdout.strip() == "[]"
     imports = [line.split()[1] for line in (ROOT / "d3s.py").read_text().splitlines()
                if line.startswith(("import ", "from "))]
@@ -475,55 +489,82 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.num_keep(0, 4), r"keep must be in \(0, 1\], got 0"),
     (lambda: d3s.num_keep(0.5, 0), r"n must be an integer >= 1, got 0"),
     (lambda: d3s.group_advantages(R4, 1), r"group_size must be an integer >= 2, got 1"),
-    (lambda: d3s.group_advantages(R4, 3), r"rewards has 4 elements, not a positive multiple of group_size=3"),
+    (lambda: d3s.group_advantages(R4, 3),
+     r"rewards has 4 elements, not a positive multiple of group_size=3"),
     (lambda: d3s.group_advantages(torch.zeros(0), 2), r"rewards has 0 elements"),
-    (lambda: d3s.group_advantages(R4.view(2, 2), 2), r"rewards must be 1-D \(B,\), got shape \(2, 2\)"),
-    (lambda: d3s.group_advantages(R4, 2, scale="std"), r"scale must be one of group, none; got 'std'"),
-    (lambda: d3s.max_variance_subset(R4, 0), r"k must be an integer in \[1, 4\] \(the number of values\), got 0"),
+    (lambda: d3s.group_advantages(R4.view(2, 2), 2),
+     r"rewards must be 1-D \(B,\), got shape \(2, 2\)"),
+    (lambda: d3s.group_advantages(R4, 2, scale="std"),
+     r"scale must be one of group, none; got 'std'"),
+    (lambda: d3s.max_variance_subset(R4, 0),
+     r"k must be an integer in \[1, 4\] \(the number of values\), got 0"),
     (lambda: d3s.max_variance_subset(R4, 5), r"k must be an integer in \[1, 4\].*got 5"),
-    (lambda: d3s.max_variance_subset(R4.view(2, 2), 1), r"values must be 1-D \(n,\), got shape \(2, 2\)"),
+    (lambda: d3s.max_variance_subset(R4.view(2, 2), 1),
+     r"values must be 1-D \(n,\), got shape \(2, 2\)"),
     (lambda: d3s.max_variance_subset(torch.tensor([1.0, math.nan]), 1), r"values must be finite"),
     (lambda: d3s.select_samples(R4, A4, 2, 1.5, "cross"), r"keep must be in \(0, 1\], got 1.5"),
     (lambda: d3s.select_samples(R4, A4, 2, -0.1, "intra"), r"keep must be in \(0, 1\], got -0.1"),
-    (lambda: d3s.select_samples(R4, A4, 1, 0.5, "cross"), r"group_size must be an integer >= 2, got 1"),
-    (lambda: d3s.select_samples(R4, A4, 3, 0.5, "cross"), r"not a positive multiple of group_size=3"),
+    (lambda: d3s.select_samples(R4, A4, 1, 0.5, "cross"),
+     r"group_size must be an integer >= 2, got 1"),
+    (lambda: d3s.select_samples(R4, A4, 3, 0.5, "cross"),
+     r"not a positive multiple of group_size=3"),
     (lambda: d3s.select_samples(R4, A4, 2, 0.5, "top"),
      r"mode must be one of none, cross, intra, pods, random; got 'top'"),
     (lambda: d3s.select_samples(R4, A4[:3], 2, 0.5, "cross"),
      r"advantages has shape \(3,\), must match rewards \(4,\)"),
-    (lambda: d3s.select_samples(R4, A4, 2, 0.5, "pods", scale="x"), r"scale must be one of group, none"),
-    (lambda: d3s.token_scores(A4[:2], LP, "none"), r"mode must be one of adv_entropy, entropy; got 'none'"),
-    (lambda: d3s.token_scores(A4, LP, "entropy"), r"entropy has 2 rows, must match advantages \(4\)"),
-    (lambda: d3s.token_scores(A4[:2], LP[0], "entropy"), r"entropy must be 2-D \(N, T\), got shape \(3,\)"),
+    (lambda: d3s.select_samples(R4, A4, 2, 0.5, "pods", scale="x"),
+     r"scale must be one of group, none"),
+    (lambda: d3s.token_scores(A4[:2], LP, "none"),
+     r"mode must be one of adv_entropy, entropy; got 'none'"),
+    (lambda: d3s.token_scores(A4, LP, "entropy"),
+     r"entropy has 2 rows, must match advantages \(4\)"),
+    (lambda: d3s.token_scores(A4[:2], LP[0], "entropy"),
+     r"entropy must be 2-D \(N, T\), got shape \(3,\)"),
     (lambda: d3s.select_tokens(LP, M, 0.0), r"keep must be in \(0, 1\], got 0.0"),
-    (lambda: d3s.select_tokens(LP, M[:, :2], 0.5), r"mask has shape \(2, 2\), must match scores \(2, 3\)"),
+    (lambda: d3s.select_tokens(LP, M[:, :2], 0.5),
+     r"mask has shape \(2, 2\), must match scores \(2, 3\)"),
     (lambda: d3s.select_tokens(LP, M.long(), 0.5), r"mask must be a bool tensor, got torch.int64"),
     (lambda: d3s.select_tokens(LP, ~M, 0.5), r"mask has no valid position"),
     (lambda: d3s.select_tokens(LP + math.nan, M, 0.5), r"scores must be finite at valid positions"),
-    (lambda: d3s.keep_ratios(5, 5, "linear", 0.2, 0.8, 0.2, 0.6), r"step must be an integer in \[0, 4\], got 5"),
-    (lambda: d3s.keep_ratios(-1, 5, "linear", 0.2, 0.8, 0.2, 0.6), r"step must be an integer in \[0, 4\], got -1"),
-    (lambda: d3s.keep_ratios(0, 0, "linear", 0.2, 0.8, 0.2, 0.6), r"total_steps must be an integer >= 1, got 0"),
+    (lambda: d3s.keep_ratios(5, 5, "linear", 0.2, 0.8, 0.2, 0.6),
+     r"step must be an integer in \[0, 4\], got 5"),
+    (lambda: d3s.keep_ratios(-1, 5, "linear", 0.2, 0.8, 0.2, 0.6),
+     r"step must be an integer in \[0, 4\], got -1"),
+    (lambda: d3s.keep_ratios(0, 0, "linear", 0.2, 0.8, 0.2, 0.6),
+     r"total_steps must be an integer >= 1, got 0"),
     (lambda: d3s.keep_ratios(0, 5, "cosine", 0.2, 0.8, 0.2, 0.6),
      r"schedule must be one of linear, constant; got 'cosine'"),
-    (lambda: d3s.keep_ratios(0, 5, "linear", 0.0, 0.8, 0.2, 0.6), r"s_init must be in \(0, 1\], got 0.0"),
-    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 1.2, 0.2, 0.6), r"s_final must be in \(0, 1\], got 1.2"),
-    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 2, 0.6), r"t_init must be in \(0, 1\], got 2"),
-    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 0.2, -1), r"t_final must be in \(0, 1\], got -1"),
-    (lambda: d3s.applied_ratios("d4s", 0.5, 0.5), r"method must be one of grpo, pods, .*, entropy; got 'd4s'"),
+    (lambda: d3s.keep_ratios(0, 5, "linear", 0.0, 0.8, 0.2, 0.6),
+     r"s_init must be in \(0, 1\], got 0.0"),
+    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 1.2, 0.2, 0.6),
+     r"s_final must be in \(0, 1\], got 1.2"),
+    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 2, 0.6),
+     r"t_init must be in \(0, 1\], got 2"),
+    (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 0.2, -1),
+     r"t_final must be in \(0, 1\], got -1"),
+    (lambda: d3s.applied_ratios("d4s", 0.5, 0.5),
+     r"method must be one of grpo, pods, .*, entropy; got 'd4s'"),
     (lambda: d3s.applied_ratios("d3s", 0.0, 0.5), r"rho_s must be in \(0, 1\], got 0.0"),
     (lambda: d3s.applied_ratios("grpo", 0.5, 1.5), r"rho_t must be in \(0, 1\], got 1.5"),
     (lambda: d3s.population_variance(A4.view(2, 2)), r"x must be 1-D \(n,\), got shape \(2, 2\)"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, loss="ppo"), r"loss must be one of grpo, gspo; got 'ppo'"),
-    (lambda: d3s.policy_loss(LP, LP[:1], A4[:2], M, 6), r"old_logp has shape \(1, 3\), must match logp \(2, 3\)"),
-    (lambda: d3s.policy_loss(LP, LP, A4, M, 6), r"advantages has shape \(4,\), must match the rows of logp \(2,\)"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M[:, :2], 6), r"token_mask has shape \(2, 2\), must match logp"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M.float(), 6), r"token_mask must be a bool tensor, got torch.float32"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, loss="ppo"),
+     r"loss must be one of grpo, gspo; got 'ppo'"),
+    (lambda: d3s.policy_loss(LP, LP[:1], A4[:2], M, 6),
+     r"old_logp has shape \(1, 3\), must match logp \(2, 3\)"),
+    (lambda: d3s.policy_loss(LP, LP, A4, M, 6),
+     r"advantages has shape \(4,\), must match the rows of logp \(2,\)"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M[:, :2], 6),
+     r"token_mask has shape \(2, 2\), must match logp"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M.float(), 6),
+     r"token_mask must be a bool tensor, got torch.float32"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, seq_mask=~M),
      r"token_mask keeps a position that seq_mask marks invalid"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 5), r"num_tokens must be .* >= 6 .*got 5"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6.0), r"num_tokens must be .* got 6.0"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_low=1.0), r"eps_low must be in \[0, 1\), got 1.0"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_high=-0.1), r"eps_high must be in \[0, 1\), got -0.1"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_low=1.0),
+     r"eps_low must be in \[0, 1\), got 1.0"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_high=-0.1),
+     r"eps_high must be in \[0, 1\), got -0.1"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, beta=-1.0), r"beta must be >= 0, got -1.0"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, beta=0.1), r"beta=0.1 > 0 needs ref_logp"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, ref_logp=LP[0], beta=0.1),
