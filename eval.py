@@ -1,26 +1,28 @@
 """
 Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pass@j with sampling.
 
-    python eval.py --model tiny --benchmarks tiny                                   # offline, seconds
-    python eval.py --model out/d3s-Qwen2.5-0.5B/checkpoint --benchmarks all         # greedy pass@1
+    python eval.py --model tiny --benchmarks tiny                                 # offline, seconds
+    python eval.py --model out/d3s-Qwen2.5-0.5B/checkpoint --benchmarks all       # greedy pass@1
     python eval.py --model Qwen2.5-Math-1.5B --benchmarks aime24,amc23 --n 8 --temperature 0.6
     python eval.py --model Qwen2.5-0.5B --benchmarks gsm8k --limit 200 --data_dir data
 
 The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
 OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model argument goes through
-model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32 weights,
-bf16 autocast on a GPU of compute capability 8.0 or later), and train.py's held-out accuracy is evaluate() below: on the
-same rows (--limit = train.py's --eval_size) and --max_new_tokens, eval.py's accuracy equals train.py's
-bit for bit on a CPU in float32. On a GPU under bf16 autocast, results change with batch shape, and
-train.py generates in batches of its --gen_batch_size (256 when 0), eval.py in --batch_size: the two
-can differ by a few completions.
+model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32
+weights, bf16 autocast on a GPU of compute capability 8.0 or later), and train.py's held-out
+accuracy is evaluate() below: on the same rows (--limit = train.py's --eval_size) and
+--max_new_tokens, eval.py's accuracy equals train.py's bit for bit on a CPU in float32. On a GPU
+under bf16 autocast, results change with batch shape, and train.py generates in batches of its
+--gen_batch_size (256 when 0), eval.py in --batch_size: the two can differ by a few completions.
 
-A benchmark is always a test split, data.load_problems(name, "test"), and the line printed before the
-table says what each one's rows are (data.describe). A .jsonl file is no exception: eval.py evaluates
-the same test split that train.py's held-out accuracy uses for `--dataset FILE`, never a training row:
+A benchmark is always a test split, data.load_problems(name, "test"), and the line printed before
+the table says what each one's rows are (data.describe). A .jsonl file is no exception: eval.py
+evaluates the same test split that train.py's held-out accuracy uses for `--dataset FILE`, never a
+training row:
   mine.jsonl        the 1 question in 10 held out by a hash of its text (never trained on), not the
                     whole file: the other 9 in 10 are what `train.py --dataset mine.jsonl` trains on
-  mine_train.jsonl  the test file beside it, mine_test.jsonl, minus questions also in mine_train.jsonl
+  mine_train.jsonl  the test file beside it, mine_test.jsonl, minus questions also in
+                    mine_train.jsonl
   mine_test.jsonl   the whole file (a file named as a test set is never trained on), minus the
                     questions of mine_train.jsonl if that file is beside it
 So to evaluate every row of a file of your own, name it as a test set (test.jsonl, *_test.jsonl).
@@ -38,14 +40,15 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
   truncated   share of completions that hit max_new_tokens without a stop token.
   seconds     wall time: generation plus grading.
 
-Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer, reference,
-correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl), and the table
-as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and generated in
-batches; on a CUDA out-of-memory error the batch is halved and retried. Sampling is seeded per
-benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size or on a halving
-(rollout.py draws each row's random numbers from the seed, the row and the position alone). That
-holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the logits themselves change with
-batch shape, so --batch_size or a halving can change a sample (or a greedy completion) there.
+Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer,
+reference, correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl),
+and the table as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and
+generated in batches; on a CUDA out-of-memory error the batch is halved and retried. Sampling is
+seeded per benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size or on a
+halving (rollout.py draws each row's random numbers from the seed, the row and the position alone).
+That holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the logits themselves
+change with batch shape, so --batch_size or a halving can change a sample (or a greedy completion)
+there.
 """
 import argparse
 import json
@@ -61,9 +64,10 @@ from machinery import data
 from reward import extract_answer, grade
 from rollout import draw_seed, generate_groups
 
-# Every benchmark machinery/data.py knows with a test split. [ours] "math" is left out: its test split is
-# MATH-500 itself, already in the list as "math500".
-BENCHMARKS = tuple(name for name, splits in data.SPLITS.items() if "test" in splits and name != "math")
+# Every benchmark machinery/data.py knows with a test split. [ours] "math" is left out: its test
+# split is MATH-500 itself, already in the list as "math500".
+BENCHMARKS = tuple(name for name, splits in data.SPLITS.items()
+                   if "test" in splits and name != "math")
 
 # -----------------------------------------------------------------------------
 # pass@j
@@ -81,7 +85,8 @@ def pass_at_k(n, c, k):
 
 
 def pass_ks(n):
-    """The j of the pass@j columns: 1, 2, 4, ... up to n, and n itself if it is not a power of two."""
+    """The j of the pass@j columns: 1, 2, 4, ... up to n, and n itself if it is not a power of
+    two."""
     ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
     return ks if ks[-1] == n else ks + [n]
 
@@ -89,27 +94,28 @@ def pass_ks(n):
 # evaluate: the function train.py calls
 
 
-def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64, top_p=1.0,
-             progress=False, desc="eval", seed=None):
-    """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py), grade them.
+def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64,
+             top_p=1.0, progress=False, desc="eval", seed=None):
+    """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py),
+    grade them.
 
     batch_size: completions per `generate` call (halved on CUDA out-of-memory).
-    seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed gives
-    the same samples whatever batch_size, an out-of-memory halving or other random draws (bit for bit on
-    a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape, and so can the
-    samples), and torch's generator is not touched; seed=None draws one seed from torch's generator for
-    the whole evaluation. With top_p < 1, generate's own sampler draws from torch's generator: the
-    seed seeds a forked generator state (the caller's RNG is left as it was), so a run reproduces at
-    the same batch_size. Returns a dict with problems, generations, n, temperature,
-    metric, accuracy, pass@j for j in pass_ks(n), no_answer, mean_length, truncated, seconds,
-    and records (one dict per generation, in problem order; see the module docstring).
+    seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed
+    gives the same samples whatever batch_size, an out-of-memory halving or other random draws (bit
+    for bit on a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape,
+    and so can the samples), and torch's generator is not touched; seed=None draws one seed from
+    torch's generator for the whole evaluation. With top_p < 1, generate's own sampler draws from
+    torch's generator: the seed seeds a forked generator state (the caller's RNG is left as it was),
+    so a run reproduces at the same batch_size. Returns a dict with problems, generations, n,
+    temperature, metric, accuracy, pass@j for j in pass_ks(n), no_answer, mean_length, truncated,
+    seconds, and records (one dict per generation, in problem order; see the module docstring).
     The model's train/eval mode is restored (generate_groups switches to eval for generating).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} must be an integer >= 1 (completions per problem)")
     if n > 1 and temperature == 0:
-        raise ValueError(f"n={n} with temperature=0 repeats one greedy completion {n} times; use n=1 for "
-                         f"greedy, or a temperature > 0 (e.g. 0.6) to sample")
+        raise ValueError(f"n={n} with temperature=0 repeats one greedy completion {n} times; use "
+                         f"n=1 for greedy, or a temperature > 0 (e.g. 0.6) to sample")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
     if len(problems) == 0:
@@ -128,21 +134,25 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     own_sampler = temperature > 0 and top_p == 1
     if own_sampler and seed is None:
         seed = draw_seed()  # one for the whole evaluation, so that batching changes no sample
-    nucleus = temperature > 0 and top_p < 1 and seed is not None  # generate's own sampler: torch's generator
-    bar = tqdm(total=len(problems), desc=desc, unit="problem", disable=not progress, dynamic_ncols=True)
+    # generate's own sampler: torch's generator
+    nucleus = temperature > 0 and top_p < 1 and seed is not None
+    bar = tqdm(total=len(problems), desc=desc, unit="problem", disable=not progress,
+               dynamic_ncols=True)
     with torch.random.fork_rng(devices=devices, enabled=nucleus):
         if nucleus:
             torch.manual_seed(seed)
         done = 0
         while done < len(order):
             chunk = order[done:done + max(1, batch_size // n)]  # problems in this batch
-            # rows are numbered over the whole evaluation (longest prompt first, n per problem), so each
-            # sample's random numbers are the same whatever the batch: first_row = done * n
-            rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n, max_new_tokens,
-                                          temperature, top_p, batch_size, seed if own_sampler else None, done * n)
+            # rows are numbered over the whole evaluation (longest prompt first, n per problem), so
+            # each sample's random numbers are the same whatever the batch: first_row = done * n
+            rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n,
+                                          max_new_tokens, temperature, top_p, batch_size,
+                                          seed if own_sampler else None, done * n)
             if rollouts is None:  # out of memory: retry this chunk with half the batch
                 batch_size //= 2
-                tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}", file=sys.stderr)
+                tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}",
+                           file=sys.stderr)
                 continue
             lens = rollouts.lengths.tolist()
             cut = rollouts.truncated.tolist()
@@ -152,20 +162,24 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
                 records[i * n + sample] = {  # graded as train.py grades rollouts: truncation counts
                     "problem": i, "sample": sample, "prompt": prompts[i], "completion": text,
                     "answer": extract_answer(text, cut[row]), "reference": reference,
-                    "correct": grade(text, reference, cut[row]), "length": lens[row], "truncated": cut[row],
+                    "correct": grade(text, reference, cut[row]), "length": lens[row],
+                    "truncated": cut[row],
                 }
             done += len(chunk)
             bar.update(len(chunk))
     bar.close()
-    return {**summarize(records, n), "temperature": temperature, "seconds": time.time() - t0, "records": records}
+    return {**summarize(records, n), "temperature": temperature, "seconds": time.time() - t0,
+            "records": records}
 
 
-def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size, seed,
-                       first_row):
-    """generate_groups, or None after a CUDA out-of-memory error when the batch can still be halved."""
+def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size,
+                       seed, first_row):
+    """generate_groups, or None after a CUDA out-of-memory error when the batch can still be
+    halved."""
     try:
-        return generate_groups(model, tokenizer, prompts, n, max_new_tokens, temperature=temperature,
-                               top_p=top_p, batch_size=batch_size, seed=seed, first_row=first_row)
+        return generate_groups(model, tokenizer, prompts, n, max_new_tokens,
+                               temperature=temperature, top_p=top_p, batch_size=batch_size,
+                               seed=seed, first_row=first_row)
     except torch.OutOfMemoryError:
         if batch_size == 1:
             raise
@@ -175,7 +189,8 @@ def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature
 
 
 def summarize(records, n):
-    """The table row of a list of records: every number in it is recomputed from the records alone."""
+    """The table row of a list of records: every number in it is recomputed from the records
+    alone."""
     problems = len(records) // n
     correct = [0] * problems  # c of each problem
     for r in records:
@@ -197,23 +212,31 @@ def summarize(records, n):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="'tiny', a local folder, a short name (Qwen2.5-0.5B) or a hub id")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny', a local folder, a short name (Qwen2.5-0.5B) or a hub id")
     p.add_argument("--benchmarks", default="tiny",
-                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files (their test split, "
-                        f"the rows train.py holds out: see above); or 'all' (= {','.join(BENCHMARKS)})")
-    p.add_argument("--n", type=int, default=1, help="completions per problem (> 1 needs --temperature > 0)")
+                   help=f"comma list of {', '.join(BENCHMARKS)}, tiny, .jsonl files (their test "
+                        f"split, the rows train.py holds out: see above); or 'all' "
+                        f"(= {','.join(BENCHMARKS)})")
+    p.add_argument("--n", type=int, default=1,
+                   help="completions per problem (> 1 needs --temperature > 0)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--max_new_tokens", type=int, default=1024, help="generation stops earlier at EOS")
+    p.add_argument("--max_new_tokens", type=int, default=1024,
+                   help="generation stops earlier at EOS")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
     p.add_argument("--data_dir", default=None,
-                   help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
-    p.add_argument("--batch_size", type=int, default=64, help="completions per generate call (halved on OOM)")
-    p.add_argument("--out", default=None, help="JSONL of every generation (default out/eval/<model>.jsonl); "
-                                               "the table goes to the same stem + .json")
+                   help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, "
+                        "math500/test.jsonl, ...)")
+    p.add_argument("--batch_size", type=int, default=64,
+                   help="completions per generate call (halved on OOM)")
+    p.add_argument("--out", default=None,
+                   help="JSONL of every generation (default out/eval/<model>.jsonl); "
+                        "the table goes to the same stem + .json")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (float32 weights, bf16 autocast on a GPU of compute "
-                                                   "capability 8.0+, as in train.py), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (float32 weights, bf16 autocast on a GPU of compute capability 8.0+, "
+                        "as in train.py), float32, bfloat16, float16")
     p.add_argument("--seed", type=int, default=0, help="seeds sampling, per benchmark")
     return p.parse_args(argv)
 
@@ -224,17 +247,20 @@ def benchmark_names(arg):
     if names == ["all"]:
         return list(BENCHMARKS)
     if not names:
-        raise ValueError(f"--benchmarks={arg!r} names no benchmark; use all or a comma list of {', '.join(data.NAMES)}")
+        raise ValueError(f"--benchmarks={arg!r} names no benchmark; use all or a comma list of "
+                         f"{', '.join(data.NAMES)}")
     for b in names:
         if b not in data.NAMES and not b.endswith(".jsonl"):
-            raise ValueError(f"--benchmarks: unknown benchmark {b!r}; known: {', '.join(data.NAMES)}, all, "
-                             f"or a .jsonl file")
+            raise ValueError(f"--benchmarks: unknown benchmark {b!r}; known: "
+                             f"{', '.join(data.NAMES)}, all, or a .jsonl file")
     return names
 
 
 def default_out(model_arg):
-    """out/eval/<model>.jsonl, the model argument made into a file name: out/run/checkpoint -> out_run_checkpoint."""
-    parts = [p for p in os.path.normpath(model_arg).replace("\\", "/").split("/") if p not in ("", ".", "..")]
+    """out/eval/<model>.jsonl, the model argument made into a file name: out/run/checkpoint ->
+    out_run_checkpoint."""
+    parts = [p for p in os.path.normpath(model_arg).replace("\\", "/").split("/")
+             if p not in ("", ".", "..")]
     return os.path.join("out", "eval", "_".join(parts) + ".jsonl")
 
 
@@ -247,30 +273,35 @@ def format_table(results, n):
     for name, r in results.items():
         scores = [r["accuracy"]] if n == 1 else [r[f"pass@{k}"] for k in ks]
         rows.append([name, str(r["problems"])] + [f"{100 * s:.1f}" for s in scores]
-                    + [f"{100 * r['no_answer']:.1f}", f"{r['mean_length']:.0f}", f"{100 * r['truncated']:.1f}",
-                       f"{r['seconds']:.0f}"])
+                    + [f"{100 * r['no_answer']:.1f}", f"{r['mean_length']:.0f}",
+                       f"{100 * r['truncated']:.1f}", f"{r['seconds']:.0f}"])
     width = [max(len(c), *(len(row[j]) for row in rows)) for j, c in enumerate(cols)]
 
     def line(cells):  # the benchmark name left-aligned, numbers right-aligned
-        return " | ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, width)))
-    note = ("greedy pass@1" if n == 1 else f"pass@1 = avg@{n}, the mean accuracy over the {n} samples") + \
+        return " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                          for j, (c, w) in enumerate(zip(cells, width)))
+    note = ("greedy pass@1" if n == 1
+            else f"pass@1 = avg@{n}, the mean accuracy over the {n} samples") + \
         "; all numbers in percent except problems, length (tokens) and seconds"
-    return "\n".join([line(cols), "-+-".join("-" * w for w in width)] + [line(r) for r in rows] + [note])
+    return "\n".join([line(cols), "-+-".join("-" * w for w in width)] + [line(r) for r in rows]
+                     + [note])
 
 
 def run(args):
     if args.n < 1:
         raise ValueError(f"--n={args.n} must be >= 1 (completions per problem)")
     if args.n > 1 and args.temperature == 0:
-        raise ValueError(f"--n={args.n} with --temperature 0 repeats one greedy completion {args.n} times; "
-                         f"use --n 1 for greedy, or sample with e.g. --temperature 0.6")
+        raise ValueError(f"--n={args.n} with --temperature 0 repeats one greedy completion "
+                         f"{args.n} times; use --n 1 for greedy, or sample with e.g. "
+                         f"--temperature 0.6")
     if args.max_new_tokens < 1 or args.batch_size < 1:
-        raise ValueError(f"--max_new_tokens={args.max_new_tokens} and --batch_size={args.batch_size} must be >= 1")
+        raise ValueError(f"--max_new_tokens={args.max_new_tokens} and "
+                         f"--batch_size={args.batch_size} must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit={args.limit} must be >= 1 (or left out for every problem)")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
-        raise ValueError(f"--data_dir={args.data_dir!r} is not a folder; pass a folder laid out like "
-                         f"NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
+        raise ValueError(f"--data_dir={args.data_dir!r} is not a folder; pass a folder laid out "
+                         f"like NAME/test.jsonl (gsm8k/test.jsonl, math500/test.jsonl, ...)")
 
     # Data before the model: a missing file should fail in a second, not after loading 15 GB.
     benchmarks = {b: data.load_problems(b, "test", limit=args.limit, data_dir=args.data_dir)
@@ -287,11 +318,13 @@ def run(args):
     out = args.out or default_out(args.model)
     table_path = os.path.splitext(out)[0] + ".json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    settings = {k: getattr(args, k) for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit",
-                                               "seed", "batch_size", "dtype")}
+    settings = {k: getattr(args, k)
+                for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit", "seed",
+                          "batch_size", "dtype")}
     cast = " + bf16 autocast" if models.autocast_enabled(device, args.dtype) else ""
     print(f"model {args.model} | {device} {weights}{cast} | "
-          f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}", flush=True)
+          f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}",
+          flush=True)
     for b, rows in benchmarks.items():
         limited = f" (--limit {args.limit})" if args.limit is not None else ""
         print(f"data {b} | {len(rows)} problems{limited} | {splits[b]}", flush=True)
@@ -299,11 +332,12 @@ def run(args):
     results = {}
     with open(out, "w", encoding="utf-8") as f:
         for name, problems in benchmarks.items():
-            # seeded per benchmark [ours]: a benchmark's samples do not depend on which ran before it
-            with models.autocast(device, args.dtype):  # the arithmetic train.py's evaluation runs in
+            # seeded per benchmark [ours]: its samples do not depend on which ran before it
+            with models.autocast(device, args.dtype):  # the arithmetic train.py's eval runs in
                 res = evaluate(model, tokenizer, problems, n=args.n, temperature=args.temperature,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, top_p=args.top_p,
-                               progress=True, desc=name, seed=args.seed if args.temperature > 0 else None)
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                               top_p=args.top_p, progress=True, desc=name,
+                               seed=args.seed if args.temperature > 0 else None)
             for r in res.pop("records"):
                 f.write(json.dumps({"benchmark": name, **r}) + "\n")
             f.flush()

@@ -1,9 +1,9 @@
 """
 Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a run folder is checked.
 
-    checkpoint.check_fresh(run_dir, overwrite)          # a new run refuses a folder that holds another run
+    checkpoint.check_fresh(run_dir, overwrite)         # refuses a folder that holds another run
     checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
-    cfg, given, state = checkpoint.resume(cfg, given)   # --resume RUN: its saved config and trainer state
+    cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
 trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
@@ -24,40 +24,44 @@ import shutil
 import torch
 
 VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step seeds, had one)
-# Knobs that may change when a run is resumed: none of them changes what the run computes (the last five
-# only how it fits in memory, beyond float rounding: what an out-of-memory stop asks to lower).
+# Knobs that may change when a run is resumed: none of them changes what the run computes (the last
+# five only how it fits in memory, beyond float rounding: what an out-of-memory stop asks to lower).
 RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb",
-               "micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkpointing", "generation")
+               "micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkpointing",
+               "generation")
 
 
 def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None):
-    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs, and
-    for a tiny-world run tiny.json naming its world, so that `--model RUN/checkpoint` continues in that
-    world with its values (tiny.world_of reads it).
+    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs,
+    and for a tiny-world run tiny.json naming its world, so that `--model RUN/checkpoint` continues
+    in that world with its values (tiny.world_of reads it).
 
     Crash-safe: written to checkpoint.tmp, every file and the folder flushed to disk, and only then
-    trainer.pt renamed into place, the marker that the folder is complete (finish_swap trusts it), then
-    swapped in: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, remove checkpoint.old.
-    log.jsonl is flushed too, so the log on disk reaches the checkpoint's step.
+    trainer.pt renamed into place, the marker that the folder is complete (finish_swap trusts it),
+    then swapped in: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint, remove
+    checkpoint.old. log.jsonl is flushed too, so the log on disk reaches the checkpoint's step.
     """
     finish_swap(run_dir)
-    final, tmp, old = (os.path.join(run_dir, name) for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    final, tmp, old = (os.path.join(run_dir, name)
+                       for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if world is not None:
         with open(os.path.join(tmp, "tiny.json"), "w") as f:
             json.dump({"world": world, "trained_by": "train.py", "step": step}, f)
-    state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(), "history": history,
-             "tokens_trained": tokens_trained}  # step: the next step to run; its prompts are batch_at(step)
+    # step: the next step to run; its prompts are batch_at(step)
+    state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(),
+             "history": history, "tokens_trained": tokens_trained}
     torch.save(state, os.path.join(tmp, "trainer.pt.part"))
-    # [ours] A rename can reach the disk before the data it names: every file and the folder are flushed
-    # first, and only then does the marker appear, so a tmp folder with a trainer.pt is complete on disk
-    # even across a power cut, and finish_swap may trust it.
+    # [ours] A rename can reach the disk before the data it names: every file and the folder are
+    # flushed first, and only then does the marker appear, so a tmp folder with a trainer.pt is
+    # complete on disk even across a power cut, and finish_swap may trust it.
     for name in os.listdir(tmp):
         fsync(os.path.join(tmp, name))
     fsync(tmp)
-    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))  # the marker: tmp is complete
+    # the marker: tmp is complete
+    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))
     fsync(tmp)  # the marker's rename
     for name in ("log.jsonl", "config.json"):
         if os.path.isfile(os.path.join(run_dir, name)):
@@ -70,24 +74,27 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     return step
 
 
-RUN_FILES = ("config.json", "log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp",
-             "checkpoint.old")
+RUN_FILES = ("config.json", "log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection",
+             "checkpoint", "checkpoint.tmp", "checkpoint.old")
 
 
 def check_fresh(run_dir, overwrite=False):
-    """A fresh run may start in run_dir: a ValueError if it holds another run (its config.json, log or
-    checkpoint: a run that has not logged its first step yet is a run too) and `overwrite` is off. A
-    second run never destroys a first one that the user did not ask to replace."""
-    held = [name for name in ("config.json", "log.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+    """A fresh run may start in run_dir: a ValueError if it holds another run (its config.json, log
+    or checkpoint: a run that has not logged its first step yet is a run too) and `overwrite` is
+    off. A second run never destroys a first one that the user did not ask to replace."""
+    held = [name for name in ("config.json", "log.jsonl", "checkpoint", "checkpoint.tmp",
+                              "checkpoint.old")
             if os.path.exists(os.path.join(run_dir, name))]
     if held and not overwrite:
-        raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): continue it with python train.py "
-                         f"--resume {run_dir}, or replace it with --overwrite true, or pass another --out_dir")
+        raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): continue it with "
+                         f"python train.py --resume {run_dir}, or replace it with "
+                         f"--overwrite true, or pass another --out_dir")
 
 
 def fresh(run_dir, overwrite=False):
-    """The folder of a fresh run (check_fresh first): created, or emptied of what another run left there
-    (its log, pages and checkpoint), so that nothing of it is ever resumed or plotted as this run's."""
+    """The folder of a fresh run (check_fresh first): created, or emptied of what another run left
+    there (its log, pages and checkpoint), so that nothing of it is ever resumed or plotted as this
+    run's."""
     check_fresh(run_dir, overwrite)
     os.makedirs(run_dir, exist_ok=True)
     for name in RUN_FILES:
@@ -110,8 +117,10 @@ def fsync(path):
 def finish_swap(run_dir):
     """Complete a checkpoint swap that a crash interrupted: afterwards RUN/checkpoint is the newest
     complete checkpoint (if there is any), and no .tmp or .old folder is left."""
-    final, tmp, old = (os.path.join(run_dir, name) for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
-    if os.path.isfile(os.path.join(tmp, "trainer.pt")):  # a finished save: newer than anything else here
+    final, tmp, old = (os.path.join(run_dir, name)
+                       for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    # a finished save: newer than anything else here
+    if os.path.isfile(os.path.join(tmp, "trainer.pt")):
         if os.path.isdir(final):
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
@@ -126,44 +135,49 @@ def load(run_dir):
     """The saved config (a dict) and trainer state of a run folder, or a one-line ValueError."""
     ckpt = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(run_dir):
-        raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier train.py run")
+        raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier "
+                         f"train.py run")
     finish_swap(run_dir)
     for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"),
                  os.path.join(ckpt, "config.json")):
         if not os.path.isfile(need):
-            raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing (it has no finished "
-                             f"checkpoint yet); start it again with --overwrite true")
+            raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing "
+                             f"(it has no finished checkpoint yet); start it again with "
+                             f"--overwrite true")
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
-        # map_location: a checkpoint saved on a GPU loads on any machine; load_state_dict then moves the
-        # optimizer state to wherever the parameters are (--device may change on resume)
+        # map_location: a checkpoint saved on a GPU loads on any machine; load_state_dict then moves
+        # the optimizer state to wherever the parameters are (--device may change on resume)
         state = torch.load(os.path.join(ckpt, "trainer.pt"), map_location="cpu", weights_only=False)
     except Exception as e:
         raise ValueError(f"--resume {run_dir}: its config.json or checkpoint/trainer.pt is corrupt "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); start a fresh run") from None
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                         f"start a fresh run") from None
     if not isinstance(state, dict) or state.get("version") != VERSION:
-        raise ValueError(f"--resume {run_dir}: its checkpoint was written by another version of train.py; start a "
-                         f"fresh run")
+        raise ValueError(f"--resume {run_dir}: its checkpoint was written by another version of "
+                         f"train.py; start a fresh run")
     return saved, state
 
 
 def resume(cfg, given):
-    """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in the
-    folder given (it may have been moved), and only the RESUME_SAFE knobs may change: state["changed"]
-    holds {knob: [saved, new]}, for the caller to record once the new values are accepted. Every
-    knob of the saved config counts as given."""
+    """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in
+    the folder given (it may have been moved), and only the RESUME_SAFE knobs may change:
+    state["changed"] holds {knob: [saved, new]}, for the caller to record once the new values are
+    accepted. Every knob of the saved config counts as given."""
     saved, state = load(cfg.resume)
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
-        raise ValueError(f"--resume continues a run with its saved config; {', '.join('--' + n for n in refused)} "
-                         f"cannot change now (only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); start a "
-                         f"new run to change them")
+        raise ValueError(f"--resume continues a run with its saved config; "
+                         f"{', '.join('--' + n for n in refused)} cannot change now "
+                         f"(only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); "
+                         f"start a new run to change them")
     known = {f.name for f in dataclasses.fields(cfg)}
     if set(saved) != known:
-        raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this train.py "
-                         f"({', '.join(sorted(set(saved) ^ known))}); start a fresh run")
-    changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given) if n != "resume" and saved[n] != getattr(cfg, n)}
+        raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this "
+                         f"train.py ({', '.join(sorted(set(saved) ^ known))}); start a fresh run")
+    changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given)
+               if n != "resume" and saved[n] != getattr(cfg, n)}
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
     return type(cfg)(**saved), known, {**state, "changed": changed}
 
@@ -176,8 +190,8 @@ def record_resume(run_dir, step, changed):
 
 
 def trim_log(run_dir, step):
-    """Keep the rows of log.jsonl before `step` (the checkpoint's next step); append the others, logged
-    after the checkpoint by a run that then crashed, to log.jsonl.cut."""
+    """Keep the rows of log.jsonl before `step` (the checkpoint's next step); append the others,
+    logged after the checkpoint by a run that then crashed, to log.jsonl.cut."""
     path = os.path.join(run_dir, "log.jsonl")
     if not os.path.isfile(path):
         return
