@@ -151,7 +151,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     guarantees). first_row: this call's first row in a larger batch that the caller splits over
     calls (eval.py), so that the split changes no sample. batch_size: rows per `generate` call
     (None = all). record_entropy: Rollouts.entropy holds the sampler's entropy at every position.
-    cache, the same samples every way (under autocast, keys and values in the autocast dtype):
+    cache, the same samples every way (under autocast, the keys and values in its dtype):
       prefix  [ours] each prompt's KV cache computed once and copied to its G rows, instead of G
               identical prefills (the default: measured faster, experiments/speed.md)
       plain   transformers' default dynamic cache, every row prefilled on its own
@@ -235,12 +235,9 @@ def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):
 
 
 def completion_hidden(model, input_ids, attention_mask, completion_start):
-    """The decoder's last hidden states that predict the completion tokens: (B, T, H),
-    T = L - completion_start.
-
-    input_ids, attention_mask: (B, L), left-padded prompt then completion. The state at position
-    completion_start - 1 + t predicts completion token t.
-    """
+    """The decoder's last hidden states that predict the completion tokens, (B, T, H) with
+    T = L - completion_start: of input_ids, attention_mask (B, L), left-padded prompt then
+    completion, the state at position completion_start - 1 + t predicts completion token t."""
     L = input_ids.shape[1]
     if not 1 <= completion_start <= L:
         raise ValueError(f"completion_start={completion_start} must be in [1, {L}] "
@@ -275,11 +272,9 @@ def head_logprobs(model, hidden, targets, positions=None, temperature=1.0, with_
     for s in range(0, y.shape[0], chunk_size):
         args = (head, h[s:s + chunk_size], y[s:s + chunk_size], temperature, with_entropy)
         if torch.is_grad_enabled():
-            # Autograd would keep each chunk's (chunk, V) log-softmax for the backward pass, i.e.
-            # the full logits after all. Checkpointing keeps only the (chunk, H) hidden states and
-            # recomputes one chunk's logits at a time during backward. (The entropy is under
-            # no_grad and after the last op that saves a tensor, so torch's early stop skips it on
-            # recompute.)
+            # autograd would keep every chunk's (chunk, V) log-softmax, the full logits after all:
+            # checkpointing keeps the (chunk, H) inputs and recomputes one chunk at a time in
+            # backward (the no_grad entropy comes last, so the recompute stops before it)
             logp, entropy = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             logp, entropy = _chunk_logprobs(*args)

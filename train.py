@@ -15,6 +15,7 @@ selection (top |A| * entropy, pooled over the step) -> 7 K updates on the kept t
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -29,9 +30,8 @@ from reward import score
 from rollout import completion_hidden, generate_groups, head_logprobs, micro_batches
 
 # -----------------------------------------------------------------------------
-# config: every knob with the value a run uses. pick(tiny=..., real=...) holds, on the knob's line,
-# the tiny worlds' value and a real model's (the clip's: by --loss). Edit a value here, or pass
-# --name value (machinery/config.py); the run folder's config.json records every knob as it ran.
+# config: every knob with its value; pick(tiny=..., real=...) holds the tiny worlds' and a real
+# model's (the clip's: by --loss). Edit it here or pass --name value; config.json records the run.
 
 
 @dataclass
@@ -88,9 +88,7 @@ def train(cfg, log=print, given=None):
         cfg, device = run.cfg, run.device
         method, K, G = d3s.METHODS[cfg.method], cfg.updates_per_batch, cfg.group_size
 
-        def ctx():  # [ours] --dtype auto: fp32 master weights, bf16 autocast on a GPU
-            return autocast(device, cfg.dtype)
-
+        ctx = partial(autocast, device, cfg.dtype)  # [ours] --dtype auto: bf16 autocast on a GPU
         train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir or None)
         eval_set = load_problems(cfg.dataset, "test", data_dir=cfg.data_dir or None)[:cfg.eval_size]
         model, tokenizer = load_model(run.weights, device=device, dtype=weight_dtype(cfg.dtype))
@@ -135,8 +133,7 @@ def train(cfg, log=print, given=None):
             # 3. advantages on the full group (GRPO); a zero-variance group has A = 0
             adv = d3s.group_advantages(rewards, G)  # (B,)
 
-            # 4. sample level: the max-variance subset, not re-normalised (pods re-normalises); the
-            # other rollouts never reach the model again
+            # 4. sample level: the max-variance subset, not re-normalised; the rest never go on
             idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator)
             kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
             valid = kept.completion_mask  # (N, T)
@@ -223,8 +220,7 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
     None: the policy has not moved since it sampled (K = 1, or the step's first mini-batch), so the
     ratio is exactly 1. Returns the statistics, or None when the mini-batch has nothing to learn."""
     valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
-    # [ours] no kept token, or (beta = 0) none with a nonzero advantage: the gradient is exactly 0,
-    # so no update either (AdamW's moments would still move the weights)
+    # [ours] no kept token with A != 0 (and beta = 0): the gradient is exactly 0, so no update
     learn = token_mask if cfg.beta > 0 else token_mask & (adv != 0)[:, None]
     counts = torch.stack([torch.stack([token_mask[p.rows, :p.width].sum(),
                                        learn[p.rows, :p.width].sum()]) for p in parts])
