@@ -7,9 +7,9 @@ the command line. train.py says what each knob is; this file says how a value re
 
 Where a value comes from, in this order:
   1. the command line (--lr 2e-6), or the knobs a caller of train.train() passes as `given`;
-  2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one value
-     per kind of run on that same line: a tiny world's own (tiny_long=64), else `tiny` for the tiny
-     worlds and `real` for a real model, or `grpo` / `gspo` by --loss. Edit the one you mean.
+  2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one
+     value per kind of run on that same line: a tiny world's own (tiny_long=64), else `tiny` for the
+     tiny worlds and `real` for a real model, or `grpo` / `gspo` by --loss. Edit the one you mean.
 Nothing else decides a value: config.json in the run folder records every knob as it ran.
 
 A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5),
@@ -18,8 +18,8 @@ values are one line on stderr and exit code 2 (main).
 
 [ours] The command line is plain argparse over the dataclass, with each knob's help read from its
 trailing comment in the config block. transformers' HfArgumentParser (what TRL's scripts use) would
-need the help in field(metadata=...), off the knob's line, and prints usage before its error; nanoGPT's
-configurator execs assignments, with no --help and no types. Neither knows a pick() knob.
+need the help in field(metadata=...), off the knob's line, and prints usage before its error;
+nanoGPT's configurator execs assignments, with no --help and no types. Neither knows a pick() knob.
 """
 import argparse
 import dataclasses
@@ -36,12 +36,14 @@ from rollout import CACHES
 
 
 def pick(**values):
-    """A knob with a value per kind of run, all on its line in the config block (see the docstring)."""
+    """A knob with a value per kind of run, all on its line in the config block (see the
+    docstring)."""
     return dataclasses.field(default=next(iter(values.values())), metadata={"pick": values})
 
 
 def picked(field, world, loss):
-    """The value of a pick() knob for a run on tiny world `world` (None: a real model) with `loss`."""
+    """The value of a pick() knob for a run on tiny world `world` (None: a real model) with
+    `loss`."""
     values = field.metadata["pick"]
     for key in ((world or "").replace("-", "_"), "tiny" if world else "real", loss):
         if key in values:
@@ -55,20 +57,22 @@ def given_knobs(cfg):
 
 
 def resolve(cfg, given=None):
-    """The config a run uses: each pick() knob not `given` takes its value for this run, every knob is
-    checked, and the keep ratios become those the method applies (a given ratio it would ignore is an error)."""
+    """The config a run uses: each pick() knob not `given` takes its value for this run, every knob
+    is checked, and the keep ratios become those the method applies (a given ratio it would ignore
+    is an error)."""
     given = given_knobs(cfg) if given is None else set(given)
     world = tiny.world_of(cfg.model)
     if cfg.loss not in d3s.LOSSES:  # before the loss chooses the clip range
         raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
-    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss) for f in dataclasses.fields(cfg)
+    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss)
+                                      for f in dataclasses.fields(cfg)
                                       if "pick" in f.metadata and f.name not in given})
     cfg.out_dir = cfg.out_dir or run_folder(cfg, given)
     check(cfg)
     for name, (value, why) in applied_ratios(cfg).items():
         if getattr(cfg, name) != value and name in given:
-            raise ValueError(f"--{name} {getattr(cfg, name)} does not apply to --method {cfg.method}: {why}; "
-                             f"leave it out")
+            raise ValueError(f"--{name} {getattr(cfg, name)} does not apply to --method "
+                             f"{cfg.method}: {why}; leave it out")
         setattr(cfg, name, value)
     return cfg
 
@@ -80,8 +84,8 @@ UNNAMED = ("method", "model", "out_dir", "overwrite", "data_dir") + checkpoint.R
 
 
 def run_folder(cfg, given):
-    """The default run folder: out/<method>-<model>, then every other knob set on the command line, as
-    knob=value, so that a second run never lands in the first one's folder [ours]:
+    """The default run folder: out/<method>-<model>, then every other knob set on the command line,
+    as knob=value, so that a second run never lands in the first one's folder [ours]:
         python train.py                        -> out/d3s-tiny
         python train.py --method grpo          -> out/grpo-tiny
         python train.py --seed 1 --lr 1e-4     -> out/d3s-tiny-lr=0.0001-seed=1
@@ -110,11 +114,14 @@ def applied_ratios(cfg):
     s_init, t_init = d3s.applied_ratios(cfg.method, cfg.s_init, cfg.t_init)
     s_final, t_final = d3s.applied_ratios(cfg.method, *((cfg.s_init, cfg.t_init) if constant else
                                                          (cfg.s_final, cfg.t_final)))
-    why_s = "it keeps every rollout" if method["sample"] == "none" else "it has no schedule, rho_s stays at --s_init"
+    why_s = ("it keeps every rollout" if method["sample"] == "none" else
+             "it has no schedule, rho_s stays at --s_init")
     why_t = ("it keeps every token" if method["token"] == "none" else
-             f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens" if "t_keep" in method else
+             f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens"
+             if "t_keep" in method else
              "it has no schedule, rho_t stays at --t_init")
-    return dict(s_init=(s_init, why_s), s_final=(s_final, why_s), t_init=(t_init, why_t), t_final=(t_final, why_t))
+    return dict(s_init=(s_init, why_s), s_final=(s_final, why_s), t_init=(t_init, why_t),
+                t_final=(t_final, why_t))
 
 
 def check(cfg):
@@ -122,25 +129,32 @@ def check(cfg):
     def must(ok, msg):
         if not ok:
             raise ValueError(msg)
-    must(cfg.method in d3s.METHODS, f"--method {cfg.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
+    must(cfg.method in d3s.METHODS,
+         f"--method {cfg.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
     for name in ("s_init", "s_final", "t_init", "t_final"):
         must(0 < getattr(cfg, name) <= 1, f"--{name} must be in (0, 1], got {getattr(cfg, name)}")
-    must(cfg.group_size >= 2, f"--group_size must be at least 2 (advantages compare rollouts of a prompt), "
-                              f"got {cfg.group_size}")
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "logprob_chunk",
-                 "updates_per_batch"):
+    must(cfg.group_size >= 2,
+         f"--group_size must be at least 2 (advantages compare rollouts of a prompt), "
+         f"got {cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size",
+                 "logprob_chunk", "updates_per_batch"):
         must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("eval_every", "save_every"):
-        must(getattr(cfg, name) >= 0, f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
-    must(cfg.gen_batch_size >= 0, f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
+        must(getattr(cfg, name) >= 0,
+             f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
+    must(cfg.gen_batch_size >= 0,
+         f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     for name in ("clip_eps_low", "clip_eps_high"):
         must(0 <= getattr(cfg, name) < 1, f"--{name} must be in [0, 1), got {getattr(cfg, name)}")
-    must(cfg.generation in CACHES, f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
-    must(cfg.optimizer in ("adamw", "sgd"), f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    must(cfg.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    must(cfg.generation in CACHES,
+         f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
+    must(cfg.optimizer in ("adamw", "sgd"),
+         f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
+    must(cfg.dtype in ("auto", "float32", "bfloat16"),
+         f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
     must(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
          f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
 
@@ -149,7 +163,8 @@ def check(cfg):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit code 2, like every other bad input."""
+    """argparse, but a bad flag is one line on stderr and exit code 2, like every other bad
+    input."""
 
     def error(self, message):
         print(f"error: {message}", file=sys.stderr)
@@ -157,7 +172,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_bool(text):
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    value = {"true": True, "1": True, "yes": True,
+             "false": False, "0": False, "no": False}.get(text.lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
     return value
@@ -166,7 +182,8 @@ def parse_bool(text):
 def knob_comments(config_class):
     """{knob: its trailing comment in the config block}, for --help."""
     lines = inspect.getsource(config_class).splitlines()
-    return {m.group(1): m.group(2) for m in map(re.compile(r"\s+(\w+): \w+ = .*?  # (.*)").fullmatch, lines) if m}
+    return {m.group(1): m.group(2)
+            for m in map(re.compile(r"\s+(\w+): \w+ = .*?  # (.*)").fullmatch, lines) if m}
 
 
 def parse_args(config_class, argv, description=""):
@@ -176,8 +193,8 @@ def parse_args(config_class, argv, description=""):
     for f in dataclasses.fields(config_class):
         values = f.metadata.get("pick", {"default": f.default})  # a pick() knob: each of its values
         value = ", ".join(f"{k} {v!r}" for k, v in values.items())
-        parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type, default=argparse.SUPPRESS,
-                            metavar=f.type.__name__.upper(),
+        parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type,
+                            default=argparse.SUPPRESS, metavar=f.type.__name__.upper(),
                             help=f"{comments.get(f.name, '')} ({value})".replace("%", "%%"))
     given = vars(parser.parse_args(argv))
     return config_class(**given), set(given)
@@ -188,8 +205,9 @@ class Stop(Exception):
 
 
 def main(config_class, train, argv=None, description=""):
-    """`python train.py ...`: bad input is one line and exit code 2; a Stop is one line and exit code 1;
-    Ctrl-C and SIGTERM, after train has saved a checkpoint, exit with 130 and 143 (128 + the signal)."""
+    """`python train.py ...`: bad input is one line and exit code 2; a Stop is one line and exit
+    code 1; Ctrl-C and SIGTERM, after train has saved a checkpoint, exit with 130 and 143 (128 + the
+    signal)."""
     cfg, given = parse_args(config_class, sys.argv[1:] if argv is None else argv, description)
     try:
         train(cfg, given=given)

@@ -14,7 +14,8 @@ against "answer" with reward.grade; step 1 samples G rollouts of format_prompt(t
 
 Where a named data set comes from, in this order:
   1. a local copy: {data_dir}/{folder}/{split}.jsonl, with data_dir the argument (train.py's
-     --data_dir) or else the environment variable NANOD3S_DATA_DIR (gsm8k/train.jsonl, math500/test.jsonl, ...).
+     --data_dir) or else the environment variable NANOD3S_DATA_DIR (gsm8k/train.jsonl,
+     math500/test.jsonl, ...).
   2. the hub, through datasets.load_dataset (the table _SOURCES below).
 If both fail, a one-line ValueError says what was tried and how to supply a local file.
 
@@ -45,12 +46,13 @@ A .jsonl file of your own has a train and a test split too, and no test row is e
     questions of its "train" sibling, if there is one: the same rows as above, from either name); it
     has no train split, since a file named as a test set is never trained on.
   - any other file (or a training file with no test file beside it): 1 question in HOLD_OUT is held
-    out by a hash of its text, as machinery/tiny.py splits its world [ours]: test = the rows whose question's
-    salted sha256 (_hash) is 0 mod HOLD_OUT (the one with the smallest hash if none is, so at least
-    1), train = the rest. A question's side depends on its own text alone, not on the file's order
-    or the other rows: appending rows never moves a held-out question into training (except the
-    at-least-1 fallback's, once a question that falls in the slice is added), and a question written
-    twice is on one side. A file with fewer than 2 distinct questions cannot hold any out: an error.
+    out by a hash of its text, as machinery/tiny.py splits its world [ours]: test = the rows whose
+    question's salted sha256 (_hash) is 0 mod HOLD_OUT (the one with the smallest hash if none is,
+    so at least 1), train = the rest. A question's side depends on its own text alone, not on the
+    file's order or the other rows: appending rows never moves a held-out question into training
+    (except the at-least-1 fallback's, once a question that falls in the slice is added), and a
+    question written twice is on one side. A file with fewer than 2 distinct questions cannot hold
+    any out: an error.
 train.py trains on the train split and reports its held-out accuracy on the test split; eval.py
 evaluates a .jsonl benchmark on the same test split, so the two measure the same rows.
 """
@@ -64,9 +66,9 @@ from pathlib import Path
 from reward import last_boxed
 
 # -----------------------------------------------------------------------------
-# Where each data set lives: (name, split) -> (local file under data_dir, hub id, hub config, hub split)
-# The hub split is the name the hub uses, which is not always ours: AIME 2024 and OlympiadBench
-# are benchmarks, but their hub copies call their only split "train".
+# Where each data set lives: (name, split) -> (local file under data_dir, hub id, hub config,
+# hub split). The hub split is the name the hub uses, which is not always ours: AIME 2024 and
+# OlympiadBench are benchmarks, but their hub copies call their only split "train".
 _SOURCES = {
     ("gsm8k", "train"): ("gsm8k/train.jsonl", "openai/gsm8k", "main", "train"),
     ("gsm8k", "test"): ("gsm8k/test.jsonl", "openai/gsm8k", "main", "test"),
@@ -74,7 +76,8 @@ _SOURCES = {
     # the full MATH test set (5000 problems); `math` train is cut from it. Not verified: that
     # DigitalLearningGmbH/MATH-lighteval's default config has a 5000-row "test" split with the
     # original fields (problem, level, type, solution); its derived copies on the hub do.
-    ("math5000", "test"): ("math/test.jsonl", "DigitalLearningGmbH/MATH-lighteval", "default", "test"),
+    ("math5000", "test"): ("math/test.jsonl", "DigitalLearningGmbH/MATH-lighteval", "default",
+                           "test"),
     # verified: one split, "train", 30 rows, fields problem/solution/answer
     ("aime24", "test"): ("aime24/test.jsonl", "HuggingFaceH4/aime_2024", None, "train"),
     # not verified against the hub (no network where this was written): others' code loads
@@ -101,11 +104,13 @@ SPLITS = {  # the splits each name has
     "olympiadbench": ("test",),
 }
 NAMES = tuple(SPLITS) + ("tiny",)
-HOLD_OUT = 10  # a .jsonl without a test file beside it holds out 1 question in HOLD_OUT (machinery/tiny.py's TEST_SHARE)
+# a .jsonl with no test file beside it holds out 1 question in HOLD_OUT (tiny.py's TEST_SHARE)
+HOLD_OUT = 10
 
 # Field names, most specific first, matched case-insensitively (some hub copies write "Problem").
 QUESTION_FIELDS = ("question", "problem", "prompt", "input", "query")
-ANSWER_FIELDS = ("answer", "final_answer", "expected_answer", "ground_truth", "gt", "target", "solution")
+ANSWER_FIELDS = ("answer", "final_answer", "expected_answer", "ground_truth", "gt", "target",
+                 "solution")
 
 # The Qwen2.5-Math chain-of-thought prompt: this instruction as the system message, the question as
 # the user message. QwenLM/Qwen2.5-Math, evaluation/utils.py, PROMPT_TEMPLATES["qwen25-math-cot"].
@@ -116,7 +121,8 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 
 
 def load_problems(name_or_path, split="train", limit=None, data_dir=None):
-    """Rows {"prompt", "answer", "id"} of a named data set or a .jsonl file (see the module docstring).
+    """Rows {"prompt", "answer", "id"} of a named data set or a .jsonl file (see the module
+    docstring).
 
     split: for a name, one of SPLITS[name]; for a .jsonl, "train" or "test" by the file rules above.
     limit: keep the first `limit` rows (deterministic: the source's own order, no shuffling).
@@ -128,8 +134,10 @@ def load_problems(name_or_path, split="train", limit=None, data_dir=None):
     name = str(name_or_path)
     kind = _kind(name, split)
     if kind == "tiny":
-        from machinery import tiny  # imported here: only the tiny world needs it, and it pulls in torch
-        return tiny.problems(split, limit, terms=tiny.world(name)["terms"])  # a named world (tiny.WORLDS)
+        # imported here: only the tiny world needs it, and it pulls in torch
+        from machinery import tiny
+        # a named world (tiny.WORLDS)
+        return tiny.problems(split, limit, terms=tiny.world(name)["terms"])
     if kind == "file":
         rows = _file_split(name, split)[0]
     else:
@@ -146,9 +154,10 @@ def describe(name_or_path, split="train", data_dir=None):
     """What load_problems(name_or_path, split, data_dir=data_dir) returns, in words, for a log line.
 
     "gsm8k test split (data/gsm8k/test.jsonl)", "mine.jsonl: 12 of 120 rows held out by question
-    hash (1 in 10, at least 1), never trained on", "mine_test.jsonl beside mine_train.jsonl (3 of its
-    40 rows also in training dropped)". A .jsonl is read (the counts come from the same code that
-    splits it); a named set is never loaded. Bad input: the one-line ValueError load_problems raises.
+    hash (1 in 10, at least 1), never trained on", "mine_test.jsonl beside mine_train.jsonl (3 of
+    its 40 rows also in training dropped)". A .jsonl is read (the counts come from the same code
+    that splits it); a named set is never loaded. Bad input: the one-line ValueError load_problems
+    raises.
     """
     name = str(name_or_path)
     kind = _kind(name, split)
@@ -157,14 +166,16 @@ def describe(name_or_path, split="train", data_dir=None):
     if kind == "tiny":
         from machinery import tiny
         tiny.world(name)  # an unknown world: tiny's one-line error
-        return f"{name} {split} split (1 question in {tiny.TEST_SHARE} of the world, held out by a hash of its text)"
+        return (f"{name} {split} split (1 question in {tiny.TEST_SHARE} of the world, held out by "
+                f"a hash of its text)")
     if name == "math":
         return ("math train split (the MATH test problems outside MATH-500)" if split == "train"
                 else "math test split (MATH-500)")
     data_dir = data_dir or os.environ.get("NANOD3S_DATA_DIR") or None
     local_file, hub_id = _SOURCES[(name, split)][:2]
     local = Path(data_dir) / local_file if data_dir else None
-    return f"{name} {split} split ({local if local is not None and local.is_file() else f'hub {hub_id}'})"
+    return (f"{name} {split} split "
+            f"({local if local is not None and local.is_file() else f'hub {hub_id}'})")
 
 
 def format_prompt(tokenizer, question):
@@ -176,7 +187,8 @@ def format_prompt(tokenizer, question):
     tiny model is trained on.
     """
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": INSTRUCTION},
+                    {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"Question: {question}\nAnswer:"
 
@@ -197,7 +209,8 @@ def batch_at(problems, step, size, seed):
 
 
 def _kind(name, split):
-    """"tiny", "file" or "named" for a data set argument; a one-line ValueError for an unknown one or a bad split."""
+    """"tiny", "file" or "named" for a data set argument; a one-line ValueError for an unknown one
+    or a bad split."""
     if name == "tiny" or (name.startswith("tiny-") and not name.endswith(".jsonl")):
         return "tiny"
     if name in SPLITS:
@@ -207,11 +220,12 @@ def _kind(name, split):
         return "named"
     if name.endswith(".jsonl") or os.path.isfile(name):
         if not os.path.isfile(name):
-            raise ValueError(f"load_problems: no file {name!r}; pass an existing .jsonl file (one JSON "
-                             f"object per line with a question and an answer field) or one of the "
-                             f"names {', '.join(NAMES)}")
+            raise ValueError(f"load_problems: no file {name!r}; pass an existing .jsonl file "
+                             f"(one JSON object per line with a question and an answer field) "
+                             f"or one of the names {', '.join(NAMES)}")
         if split not in ("train", "test"):
-            raise ValueError(f"load_problems: a .jsonl file has the splits train and test, got {split!r}")
+            raise ValueError(f"load_problems: a .jsonl file has the splits train and test, "
+                             f"got {split!r}")
         return "file"
     raise ValueError(f"load_problems: unknown data set {name!r}; known names: {', '.join(NAMES)}; "
                      f"or a path to a .jsonl file with a question and an answer field")
@@ -230,23 +244,25 @@ def _file_split(path, split):
     elif _TEST_WORD.search(base):
         train_path, test_path = os.path.join(folder, _TEST_WORD.sub("train", base)), path
         if split == "train":
-            raise ValueError(f"load_problems: {path} is named as a test set, and a test set is never trained "
-                             f"on; train on a file without 'test' in its name (e.g. {train_path})")
+            raise ValueError(f"load_problems: {path} is named as a test set, and a test set is "
+                             f"never trained on; train on a file without 'test' in its name "
+                             f"(e.g. {train_path})")
     else:
         train_path, test_path = path, None
     if test_path is not None and os.path.isfile(train_path) and os.path.isfile(test_path):
         train = _problems(_read_jsonl(train_path), train_path)
         if split == "train":
-            return train, f"{train_path}, all {len(train)} rows (the held-out rows are {test_path} beside it)"
+            return train, (f"{train_path}, all {len(train)} rows (the held-out rows are "
+                           f"{test_path} beside it)")
         seen = {_collapse(r["prompt"]) for r in train}
         rows = _problems(_read_jsonl(test_path), test_path)
         test = [r for r in rows if _collapse(r["prompt"]) not in seen]
         if not test:
-            raise ValueError(f"load_problems: every one of the {len(rows)} questions of {test_path} is also in "
-                             f"{train_path}, so nothing is held out; put questions in {test_path} that are not "
-                             f"in {train_path}")
-        return test, (f"{test_path} beside {train_path} ({len(rows) - len(test)} of its {len(rows)} rows "
-                      f"also in training dropped)")
+            raise ValueError(f"load_problems: every one of the {len(rows)} questions of "
+                             f"{test_path} is also in {train_path}, so nothing is held out; put "
+                             f"questions in {test_path} that are not in {train_path}")
+        return test, (f"{test_path} beside {train_path} ({len(rows) - len(test)} of its "
+                      f"{len(rows)} rows also in training dropped)")
     rows = _problems(_read_jsonl(path), path)
     if test_path == path:  # a test file with no training file beside it
         return rows, f"{path}, all {len(rows)} rows (named as a test set, never trained on)"
@@ -254,32 +270,35 @@ def _file_split(path, split):
     test = [r for r in rows if _collapse(r["prompt"]) in held]
     why = f"; no {test_path} beside it" if test_path is not None else ""
     if split == "test":
-        return test, (f"{path}: {len(test)} of {len(rows)} rows held out by question hash (1 in {HOLD_OUT}, "
-                      f"at least 1{why}), never trained on")
+        return test, (f"{path}: {len(test)} of {len(rows)} rows held out by question hash "
+                      f"(1 in {HOLD_OUT}, at least 1{why}), never trained on")
     train = [r for r in rows if _collapse(r["prompt"]) not in held]
-    return train, (f"{path}: {len(train)} of {len(rows)} rows, the other {len(test)} held out by question "
-                   f"hash (1 in {HOLD_OUT}, at least 1{why})")
+    return train, (f"{path}: {len(train)} of {len(rows)} rows, the other {len(test)} held out by "
+                   f"question hash (1 in {HOLD_OUT}, at least 1{why})")
 
 
 def _held_out(questions, where="the file"):
-    """The questions (whitespace collapsed) a single .jsonl holds out: those whose sha256 is 0 mod HOLD_OUT,
-    or, if none is, the one with the smallest hash, so that at least one is. A one-line ValueError when
-    nothing is left to train on or to hold out (fewer than 2 distinct questions)."""
+    """The questions (whitespace collapsed) a single .jsonl holds out: those whose sha256 is 0 mod
+    HOLD_OUT, or, if none is, the one with the smallest hash, so that at least one is. A one-line
+    ValueError when nothing is left to train on or to hold out (fewer than 2 distinct questions)."""
     distinct = {_collapse(q) for q in questions}
     if len(distinct) < 2:
-        raise ValueError(f"load_problems: {where} has {len(distinct)} distinct question(s), too few to hold any "
-                         f"out; add rows, or put held-out questions in a test file beside a *_train.jsonl")
+        raise ValueError(f"load_problems: {where} has {len(distinct)} distinct question(s), "
+                         f"too few to hold any out; add rows, or put held-out questions in a test "
+                         f"file beside a *_train.jsonl")
     held = {q for q in distinct if _hash(q) % HOLD_OUT == 0} or {min(distinct, key=_hash)}
     if held == distinct:
-        raise ValueError(f"load_problems: all {len(distinct)} questions of {where} fall in the held-out slice "
-                         f"(1 in {HOLD_OUT} by question hash), leaving nothing to train on; add rows, or put "
-                         f"held-out questions in a test file beside a *_train.jsonl")
+        raise ValueError(f"load_problems: all {len(distinct)} questions of {where} fall in the "
+                         f"held-out slice (1 in {HOLD_OUT} by question hash), leaving nothing to "
+                         f"train on; add rows, or put held-out questions in a test file beside a "
+                         f"*_train.jsonl")
     return held
 
 
 def _hash(question):
-    # [ours] salted: machinery/tiny.py picks its test questions by the unsalted sha256 % 10, so without the salt a
-    # file of tiny's training questions would have none in the slice, and one of its test questions all
+    # [ours] salted: machinery/tiny.py picks its test questions by the unsalted sha256 % 10, so
+    # without the salt a file of tiny's training questions would have none in the slice, and one of
+    # its test questions all
     return int(hashlib.sha256(("held out: " + question).encode("utf-8")).hexdigest(), 16)
 
 
@@ -301,9 +320,10 @@ def _raw_rows(source, data_dir):
         looked = (f"no local copy at {local}" if local is not None
                   else "no local copy (no --data_dir given and NANOD3S_DATA_DIR is unset)")
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"load_problems: could not load {name} split {split!r}: {looked}, and the hub "
-                         f"{hub_id} failed ({type(e).__name__}: {why}); supply a local file with "
-                         f"--data_dir DIR holding {local_file}, or pass a .jsonl path") from None
+        raise ValueError(f"load_problems: could not load {name} split {split!r}: {looked}, "
+                         f"and the hub {hub_id} failed ({type(e).__name__}: {why}); "
+                         f"supply a local file with --data_dir DIR holding {local_file}, "
+                         f"or pass a .jsonl path") from None
     return rows, f"{hub_id} ({hub_split})"
 
 
@@ -339,7 +359,8 @@ def _problems(raw_rows, where):
     out = []
     for i, row in enumerate(raw_rows):
         if not isinstance(row, dict):
-            raise ValueError(f"load_problems: {where} row {i} is a {type(row).__name__}, not a JSON object")
+            raise ValueError(f"load_problems: {where} row {i} is a {type(row).__name__}, "
+                             f"not a JSON object")
         q_field, question = _field(row, QUESTION_FIELDS)
         a_field, raw_answer = _field(row, ANSWER_FIELDS)
         if q_field is None or a_field is None:
@@ -348,11 +369,13 @@ def _problems(raw_rows, where):
             raise ValueError(f"load_problems: {where} row {i}: no {missing} field among its fields "
                              f"{sorted(row)}; expected one of {', '.join(wanted)}")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"load_problems: {where} row {i}: field {q_field!r} is not a non-empty string")
+            raise ValueError(f"load_problems: {where} row {i}: field {q_field!r} is not a "
+                             f"non-empty string")
         answer = _answer(raw_answer, solution=(a_field.lower() == "solution"))
         if answer is None:
-            raise ValueError(f"load_problems: {where} row {i}: no reference answer in field {a_field!r} "
-                             f"(a worked solution needs a final \\boxed{{...}} or '#### N')")
+            raise ValueError(f"load_problems: {where} row {i}: no reference answer in field "
+                             f"{a_field!r} (a worked solution needs a final \\boxed{{...}} "
+                             f"or '#### N')")
         out.append({"prompt": question, "answer": answer, "id": i})
     return out
 
