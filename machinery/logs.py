@@ -4,9 +4,10 @@ terminal per step, and optionally the same rows in Weights & Biases.
 
 The step line (README, "What you see", explains each column):
 
-    step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | var(A) 0.71->1.87 | ...
+    step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | var(A) 0.71->1.87 ...
 
-log.jsonl has every field of step_record, one JSON object per step; machinery/plots.py draws curves.png from it.
+log.jsonl has every field of step_record, one JSON object per step; machinery/plots.py draws
+curves.png from it.
 """
 import dataclasses
 import math
@@ -17,43 +18,50 @@ import d3s
 
 
 def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates, **extra):
-    """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). `updates` are
-    the mini-batches that had something to learn; `updates` in the row counts those applied as
-    optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite), and
-    `tokens` their kept tokens. clip_frac is the clipped share of the step's kept tokens with a
+    """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). `updates`
+    are the mini-batches that had something to learn; `updates` in the row counts those applied as
+    optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite),
+    and `tokens` their kept tokens. clip_frac is the clipped share of the step's kept tokens with a
     gradient (A != 0), counted over all its updates; the ratio and KL means are weighted by each
-    update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update
-    was skipped)."""
+    update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update was
+    skipped)."""
     valid, applied = kept.completion_mask, [u for u in updates if u["applied"]]
     n = max(sum(u["tokens"] for u in updates), 1)
     norms = [u["grad_norm"] for u in updates if math.isfinite(u["grad_norm"])]
-    first = next((u for u in updates if u["on_policy"]), None)  # the batch's first mini-batch: ratio exactly 1
+    # the batch's first mini-batch: ratio exactly 1
+    first = next((u for u in updates if u["on_policy"]), None)
 
     def mean(key, empty):
         return sum(u[key] * u["tokens"] for u in updates) / n if updates else empty
     return {
         "step": step, "reward": rewards.mean().item(),
         "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
-        "kept": len(kept.texts), "rollouts": len(rewards), "tokens": sum(u["tokens"] for u in applied),  # trained
+        "kept": len(kept.texts), "rollouts": len(rewards),
+        "tokens": sum(u["tokens"] for u in applied),  # trained
         "valid": int(valid.sum()), "valid_all": int(rollouts.completion_mask.sum()),
         "var_adv": d3s.population_variance(adv), "var_kept": d3s.population_variance(adv_kept),
-        "entropy": kept.entropy[valid].mean().item(), "length": rollouts.lengths.float().mean().item(),
-        "truncated": rollouts.truncated.float().mean().item(), "no_answer": reward_stats["no_answer"],
+        "entropy": kept.entropy[valid].mean().item(),
+        "length": rollouts.lengths.float().mean().item(),
+        "truncated": rollouts.truncated.float().mean().item(),
+        "no_answer": reward_stats["no_answer"],
         "loss": sum(u["loss"] for u in updates) / len(updates) if updates else 0.0,
         "losses": [u["loss"] for u in updates], "updates": len(applied),
         "no_signal": not updates,  # the update was skipped: nothing to learn (NO_SIGNAL)
-        "zero_grad": sum(u["zero_grad"] for u in updates), "nonfinite": sum(u["nonfinite"] for u in updates),
+        "zero_grad": sum(u["zero_grad"] for u in updates),
+        "nonfinite": sum(u["nonfinite"] for u in updates),
         "grad_norm": sum(norms) / len(norms) if norms else None,
         "clip_frac": sum(u["clipped"] for u in updates) / max(sum(u["signal"] for u in updates), 1),
         "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
         "ratio_min": min((u["ratio_min"] for u in updates), default=1.0),
         "ratio_max": max((u["ratio_max"] for u in updates), default=1.0),
-        "ratio_first": [first["ratio_min"], first["ratio_max"]] if first else None,  # [1.0, 1.0] on any device
+        # [1.0, 1.0] on any device
+        "ratio_first": [first["ratio_min"], first["ratio_max"]] if first else None,
         "clip_first": first["clip_frac"] if first else None, **extra,
     }
 
 
-NO_SIGNAL = "no kept token has a nonzero advantage and there is no KL term: nothing to learn, no update"
+NO_SIGNAL = ("no kept token has a nonzero advantage and there is no KL term: nothing to learn, "
+             "no update")
 
 
 def step_line(r, K):
@@ -62,15 +70,18 @@ def step_line(r, K):
         update = "upd skipped: no signal"  # NO_SIGNAL
     else:
         parts = min(K, r["kept"])  # the mini-batches: K, or one a rollout when fewer were kept
-        why = {"no signal": parts - len(r["losses"]), "zero grad": r["zero_grad"], "non-finite": r["nonfinite"]}
+        why = {"no signal": parts - len(r["losses"]), "zero grad": r["zero_grad"],
+               "non-finite": r["nonfinite"]}
         grad = "-" if r["grad_norm"] is None else f"{r['grad_norm']:.2f}"
         update = f"grad {grad}" + (f" | updates {r['updates']}/{parts} ("
                                    + ", ".join(f"{n} {w}" for w, n in why.items() if n) + ")"
                                    if r["updates"] < parts else "")
-        update += f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}" if K > 1 else ""
-    return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | kept {r['kept']}/"
-            f"{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | "
-            f"entropy {r['entropy']:.2f} | len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
+        update += (f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}"
+                   if K > 1 else "")
+    return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | "
+            f"kept {r['kept']}/{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | "
+            f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {r['entropy']:.2f} | "
+            f"len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
             f"gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")
 
 
@@ -94,6 +105,7 @@ def start_wandb(cfg):
     try:
         import wandb
     except ImportError:
-        raise ValueError("--wandb needs the wandb package: pip install wandb (or leave --wandb out)") from None
+        raise ValueError("--wandb needs the wandb package: pip install wandb "
+                         "(or leave --wandb out)") from None
     return wandb.init(project=cfg.wandb, name=os.path.basename(os.path.normpath(cfg.out_dir)),
                       config=dataclasses.asdict(cfg))

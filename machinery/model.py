@@ -2,7 +2,7 @@
 Models: turn the --model argument of train.py and eval.py into (model, tokenizer). One function,
 load_model, so that training and evaluation can never load a checkpoint in two different ways.
 
-    load_model("tiny")                       # the offline tiny world (machinery/tiny.py), built once into out/tiny
+    load_model("tiny")                       # machinery/tiny.py's offline world, in out/tiny
     load_model("out/d3s-tiny/checkpoint")    # a folder written by save_pretrained
     load_model("Qwen2.5-Math-1.5B")          # a short name -> the hub id Qwen/Qwen2.5-Math-1.5B
     load_model("Qwen/Qwen2.5-0.5B-Instruct") # a hub id, as is
@@ -13,8 +13,8 @@ The argument is read in this order: "tiny"; an existing folder; a short name fro
 
 --dtype means the same in train.py and eval.py, through the two helpers below:
 
-    model, tok = load_model(name, device, dtype)   # weights in weight_dtype(dtype): "auto" is float32
-    with autocast(device, dtype):                  # bf16 forward passes where "auto" allows them
+    model, tok = load_model(name, device, dtype)  # weights: weight_dtype(dtype), "auto" is float32
+    with autocast(device, dtype):                 # bf16 forward passes where "auto" allows them
         ...generate, score, evaluate...
 
 "auto" [ours]: float32 weights everywhere, and forward passes under bfloat16 autocast on a CUDA GPU
@@ -34,20 +34,20 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-# The CUDA caching allocator's variables, in the order torch 2.13 reads them (the first one set wins).
+# The CUDA caching allocator's variables, in the order torch 2.13 reads them (the first set wins).
 ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def set_allocator_defaults(environ):
     """[ours] expandable_segments for the CUDA allocator, unless the user configured the allocator.
-    Why: a step allocates tensors of ever-changing shapes (rollouts of every length, LM-head chunks of
-    (chunk, V) floats); the default allocator keeps fixed-size segments, and the reserved memory grows
-    well past what is allocated until a card runs out of memory with gigabytes free but fragmented.
-    Expandable segments grow and shrink one mapping instead (PyTorch's CUDA notes recommend them for
-    varying sizes). torch reads the variable at the first CUDA allocation, so setting it here, at
-    import, before any model is loaded, is in time. A user's own setting, under any of the names torch
-    reads, is left alone: writing PYTORCH_CUDA_ALLOC_CONF beside a user's PYTORCH_ALLOC_CONF would
-    override it, since torch reads the CUDA name first."""
+    Why: a step allocates tensors of ever-changing shapes (rollouts of every length, LM-head chunks
+    of (chunk, V) floats); the default allocator keeps fixed-size segments, and the reserved memory
+    grows well past what is allocated until a card runs out of memory with gigabytes free but
+    fragmented. Expandable segments grow and shrink one mapping instead (PyTorch's CUDA notes
+    recommend them for varying sizes). torch reads the variable at the first CUDA allocation, so
+    setting it here, at import, before any model is loaded, is in time. A user's own setting, under
+    any of the names torch reads, is left alone: writing PYTORCH_CUDA_ALLOC_CONF beside a user's
+    PYTORCH_ALLOC_CONF would override it, since torch reads the CUDA name first."""
     if not any(name in environ for name in ALLOC_CONF):
         environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
@@ -65,7 +65,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def hub_id(name):
-    """The hub id of a short name ("Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B"), or None if it has no alias."""
+    """The hub id of a short name ("Qwen2.5-0.5B" -> "Qwen/Qwen2.5-0.5B"), or None if it has no
+    alias."""
     for prefix, org in ALIASES.items():
         if name.startswith(prefix):
             return f"{org}/{name}"
@@ -73,21 +74,23 @@ def hub_id(name):
 
 
 def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
-    """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in `dtype`.
+    """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in
+    `dtype`.
 
     device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
     dtype: the weights' dtype, weight_dtype(dtype): "auto" (float32; run forward passes inside
     autocast(device, "auto") for bf16 speed on a GPU), "float32", "bfloat16", "float16" or a
     torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
     """
-    hf_logging.disable_progress_bar()  # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
+    # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
+    hf_logging.disable_progress_bar()
     device = _device(device)
     dtype = weight_dtype(dtype, device)
     source, is_folder = _resolve(str(name_or_path), cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except (OSError, ValueError, SafetensorError) as e:  # transformers/hub raise OSError for most failures
+    except (OSError, ValueError, SafetensorError) as e:  # most transformers/hub failures: OSError
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         if is_folder:
             raise ValueError(f"model folder {source} is corrupt or incomplete: {first}") from None
@@ -115,8 +118,8 @@ def _resolve(name, cache_dir):
         alias = hub_id(name)
         if alias is None:
             known = ", ".join(f"{p}* -> {org}/{p}*" for p, org in ALIASES.items())
-            raise ValueError(f"model {name!r} is not a folder, not 'tiny' and not a known short name "
-                             f"({known}); pass a local folder or a hub id (org/name)")
+            raise ValueError(f"model {name!r} is not a folder, not 'tiny' and not a known short "
+                             f"name ({known}); pass a local folder or a hub id (org/name)")
         return alias, False
     # A hub id is exactly "org/name"; anything else with a slash can only have been meant as a path.
     org, _, rest = name.partition("/")
@@ -129,11 +132,12 @@ def _resolve(name, cache_dir):
 def _hub_failure(hub, why):
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
     if offline:
-        return (f"cannot fetch {hub} from the hub: HF_HUB_OFFLINE is set and it is not in the local "
-                f"cache; download it where there is network (huggingface-cli download {hub} "
+        return (f"cannot fetch {hub} from the hub: HF_HUB_OFFLINE is set and it is not in the "
+                f"local cache; download it where there is network (huggingface-cli download {hub} "
                 f"--local-dir DIR) and pass --model DIR")
     return (f"cannot fetch {hub} from the hub ({why}); check the id and the network (no network: "
-            f"download it elsewhere with huggingface-cli download {hub} --local-dir DIR and pass --model DIR)")
+            f"download it elsewhere with huggingface-cli download {hub} --local-dir DIR and pass "
+            f"--model DIR)")
 
 
 def _device(device):
@@ -142,9 +146,11 @@ def _device(device):
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+        raise ValueError(f"device={device!r} is not a torch device; "
+                         f"use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; use --device cpu or auto")
+        raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; "
+                         f"use --device cpu or auto")
     return device
 
 
@@ -186,17 +192,18 @@ def weight_dtype(dtype, device=None):
 
 
 def bf16_capable(capability):
-    """Does a CUDA GPU of compute capability (major, minor) compute in bf16 in hardware? 8.0 and above
-    (Ampere: A100, A10, RTX 30xx; Ada, Hopper). Below it (T4 7.5, V100 7.0) the tensor cores have no
-    bf16, so bf16 autocast buys no speed there, yet torch.cuda.is_bf16_supported() says True: by
-    default it counts emulation."""
+    """Does a CUDA GPU of compute capability (major, minor) compute in bf16 in hardware? 8.0 and
+    above (Ampere: A100, A10, RTX 30xx; Ada, Hopper). Below it (T4 7.5, V100 7.0) the tensor cores
+    have no bf16, so bf16 autocast buys no speed there, yet torch.cuda.is_bf16_supported() says
+    True: by default it counts emulation."""
     return tuple(capability) >= (8, 0)
 
 
 def autocast_enabled(device, dtype, capability=None):
-    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device with bf16
-    hardware (bf16_capable). capability: the device's (major, minor); None asks torch for the requested
-    device's (torch.device("cuda") is the current one), so that tests can decide without a GPU."""
+    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device with
+    bf16 hardware (bf16_capable). capability: the device's (major, minor); None asks torch for the
+    requested device's (torch.device("cuda") is the current one), so that tests can decide without a
+    GPU."""
     device = torch.device(device)
     if dtype != "auto" or device.type != "cuda":
         return False
