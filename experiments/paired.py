@@ -18,12 +18,14 @@ from experiments import bench  # noqa: E402
 
 
 def runs(study):
-    """{(method, seed): run} of a study's finished runs; one setting per method (not a tuning run)."""
+    """{(method, seed): run} of a study's finished runs; one setting per method (not a tuning
+    run)."""
     with open(os.path.join(study, "results.json")) as f:
         ok = [r for r in json.load(f)["runs"] if r["error"] is None]
     by = {(r["method"], r["seed"]): r for r in ok}
     if len(by) < len(ok):
-        sys.exit(f"{study}: several settings of one method (a tuning run?); pass studies run with --tuned or --lr")
+        sys.exit(f"{study}: several settings of one method (a tuning run?); pass studies run with "
+                 "--tuned or --lr")
     return by
 
 
@@ -38,8 +40,8 @@ def clipping(run):
 def main(a, b):
     ra, rb = runs(a), runs(b)
     print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
-    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in | A clip, ratio min-max "
-          "| B clip, ratio min-max |")
+    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in "
+          "| A clip, ratio min-max | B clip, ratio min-max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in dict.fromkeys(k[0] for k in rb):
         pairs = [(ra[k], rb[k]) for k in sorted(rb) if k[0] == m and k in ra]
@@ -53,8 +55,9 @@ def main(a, b):
             return "{:.3f}, {:.2f}-{:.2f}".format(*means)
 
         x, y = pairs[0]
-        print(f"| {m} | {len(pairs)} | {x['updates_per_batch']}, {x['lr']:g} | {y['updates_per_batch']}, {y['lr']:g} "
-              f"| {fmt(d_final)} | {fmt(d_auc)} | {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(0)} | {clip(1)} |")
+        print(f"| {m} | {len(pairs)} | {x['updates_per_batch']}, {x['lr']:g} "
+              f"| {y['updates_per_batch']}, {y['lr']:g} | {fmt(d_final)} | {fmt(d_auc)} "
+              f"| {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(0)} | {clip(1)} |")
 
 
 USAGE = "usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)"

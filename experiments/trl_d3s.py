@@ -3,19 +3,21 @@ D3S inside TRL's GRPOTrainer: the same method as train.py, for runs that outgrow
 experiments/trl.md tells the whole story: commands, logs, what is checked and what was never run.
 
     # one GPU: train.py's real-model step, 32 prompts x 8 = 256 rollouts, in 4 micro-batches
-    python experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B \
-        --max_steps 200 --per_device_train_batch_size 64 --gradient_accumulation_steps 4 \
-        --num_generations 8 --max_completion_length 512 --learning_rate 1e-6 --lr_scheduler_type constant \
-        --logging_steps 1
-    # 8 GPUs: the same 256 rollouts a step, 32 per process, one micro-batch each
-    accelerate launch --num_processes 8 experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
-        --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 --per_device_train_batch_size 32 \
-        --gradient_accumulation_steps 1 --num_generations 8 --max_completion_length 512 \
+    python experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B --dataset gsm8k \
+        --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 --per_device_train_batch_size 64 \
+        --gradient_accumulation_steps 4 --num_generations 8 --max_completion_length 512 \
         --learning_rate 1e-6 --lr_scheduler_type constant --logging_steps 1
+    # 8 GPUs: the same 256 rollouts a step, 32 per process, one micro-batch each
+    accelerate launch --num_processes 8 experiments/trl_d3s.py --model Qwen/Qwen2.5-0.5B \
+        --dataset gsm8k --output_dir out/trl-d3s-Qwen2.5-0.5B --max_steps 200 \
+        --per_device_train_batch_size 32 --gradient_accumulation_steps 1 --num_generations 8 \
+        --max_completion_length 512 --learning_rate 1e-6 --lr_scheduler_type constant \
+        --logging_steps 1
     # the offline tiny world on a CPU, to try it out (builds out/tiny once, like train.py)
-    python experiments/trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny --use_cpu true --bf16 false \
-        --max_steps 20 --per_device_train_batch_size 128 --num_generations 8 --max_completion_length 32 \
-        --learning_rate 1e-4 --lr_scheduler_type constant --logging_steps 1 --gradient_checkpointing false
+    python experiments/trl_d3s.py --model tiny --dataset tiny --output_dir out/trl-d3s-tiny \
+        --use_cpu true --bf16 false --max_steps 20 --per_device_train_batch_size 128 \
+        --num_generations 8 --max_completion_length 32 --learning_rate 1e-4 \
+        --lr_scheduler_type constant --logging_steps 1 --gradient_checkpointing false
 
 Every flag of TRL's GRPOConfig works (DeepSpeed, vLLM, GSPO through --importance_sampling_level
 sequence, ...), plus the D3S knobs under train.py's names and defaults: --method (a name of
@@ -38,15 +40,16 @@ TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the ste
      the top rho_t of them, pooled over all kept tokens of the step, as docs/algorithm.md says.
   7. TRL's own loss runs on each micro-batch. The kept tokens become its loss mask (tool_mask: the
      loss uses completion_mask * tool_mask, the attention completion_mask alone), and the step's
-     kept-token count becomes the divisor of loss_type="dapo": the sum over kept tokens / kept tokens
-     of the step, as train.py. GRPO and GSPO are TRL's (--importance_sampling_level token | sequence).
+     kept-token count becomes the divisor of loss_type="dapo": the sum over kept tokens / kept
+     tokens of the step, as train.py. GRPO and GSPO are TRL's (--importance_sampling_level token |
+     sequence).
 The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps;
 d3s.applied_ratios turns its values into the ratios the method applies (1 where it keeps every
 rollout or token, the 80/20 baseline's fixed 0.2 of tokens), as train.py does.
 Each step adds d3s/* metrics to TRL's log (so to wandb, tensorboard, ...), named as train.py's
-log.jsonl: rho_s and rho_t (as applied), rollouts, kept, valid (tokens of the kept rollouts), tokens
-(kept), var_adv and var_kept (d3s.population_variance of A, all rollouts -> kept ones), entropy (with
-token selection: mean H over the valid tokens of the kept rollouts), fillers (below).
+log.jsonl: rho_s and rho_t (as applied), rollouts, kept, valid (tokens of the kept rollouts),
+tokens (kept), var_adv and var_kept (d3s.population_variance of A, all rollouts -> kept ones),
+entropy (with token selection: mean H over the valid tokens of the kept rollouts), fillers (below).
 
 Every process must make the same forward/backward calls with the same row counts (DDP and ZeRO
 reduce gradients in lockstep, ZeRO-3 gathers parameters per forward, TRL gathers per-row metrics),
@@ -76,7 +79,8 @@ What is not the same as train.py:
   - Only loss_type="dapo" (TRL's default) is accepted: its divisor is the step's token count, which
     D3STrainer sets to the kept tokens. TRL's other aggregations average per sequence or per
     micro-batch, which filler rows and the kept subset would change.
-  - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is train.py's.
+  - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is
+    train.py's.
   - With --use_vllm, TRL passes vLLM no stop tokens: it stops at the model's own eos only (for a
     base Qwen2.5, <|endoftext|>, not <|im_end|>). Never run here.
   - TRL's own no-grad passes that run before rewards exist (old log-probs for vLLM's importance
@@ -106,13 +110,14 @@ from reward import grade
 from rollout import stop_token_ids
 from train import disable_dropout
 
-# The per-rollout tensors of TRL's scored batch (text-only): left-padded prompt columns, right-padded
-# completion columns, one value per rollout. Anything else (images, ...) is refused.
+# The per-rollout tensors of TRL's scored batch (text-only): left-padded prompt columns,
+# right-padded completion columns, one value per rollout. Anything else (images, ...) is refused.
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
                    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio")
 ROW_KEYS = ("advantages", "rollout_index")
-RATIOS = ("s_init", "s_final", "t_init", "t_final")  # the schedule's four keep ratios, train.py's knobs
+# the schedule's four keep ratios, train.py's knobs
+RATIOS = ("s_init", "s_final", "t_init", "t_final")
 
 # -----------------------------------------------------------------------------
 # config: TRL's GRPOConfig plus the D3S knobs, under train.py's names and with its defaults
@@ -120,48 +125,56 @@ RATIOS = ("s_init", "s_final", "t_init", "t_final")  # the schedule's four keep 
 
 @dataclass
 class D3SConfig(GRPOConfig):
-    method: str = field(default="d3s", metadata={"help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | "
-                                                         "entropy (d3s.METHODS, the named methods of "
-                                                         "docs/algorithm.md)"})
-    s_init: float = field(default=0.25, metadata={"help": "rho_s at the first step: share of rollouts kept [ours]"})
+    method: str = field(default="d3s", metadata={
+        "help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy (d3s.METHODS, the "
+                "named methods of docs/algorithm.md)"})
+    s_init: float = field(default=0.25, metadata={
+        "help": "rho_s at the first step: share of rollouts kept [ours]"})
     s_final: float = field(default=0.75, metadata={"help": "rho_s at the last step [ours]"})
-    t_init: float = field(default=0.2, metadata={"help": "rho_t at the first step: share of kept rollouts' "
-                                                         "tokens kept [ours]"})
+    t_init: float = field(default=0.2, metadata={
+        "help": "rho_t at the first step: share of kept rollouts' tokens kept [ours]"})
     t_final: float = field(default=0.6, metadata={"help": "rho_t at the last step [ours]"})
     # [ours] TRL's default is False. With dropout the first mini-batch's ratio is not 1 and one seed
     # gives two runs (docs/algorithm.md, "No dropout"): off, as in train.py
-    disable_dropout: bool = field(default=True, metadata={"help": "no dropout in the policy, as train.py"})
+    disable_dropout: bool = field(default=True, metadata={
+        "help": "no dropout in the policy, as train.py"})
 
     def __post_init__(self):
         super().__post_init__()
         if self.method not in d3s.METHODS:
-            raise ValueError(f"method {self.method!r} is unknown; choose one of {', '.join(d3s.METHODS)}")
+            raise ValueError(f"method {self.method!r} is unknown; choose one of "
+                             f"{', '.join(d3s.METHODS)}")
         for name in RATIOS:
             value = getattr(self, name)
             if not (0 < value <= 1):
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
-        # A ratio the method ignores is refused, as train.py refuses it: set to other than its default,
-        # yet the method trains with the same ratios as with the default (grpo and s_init, say).
+        # A ratio the method ignores is refused, as train.py refuses it: set to other than its
+        # default, yet the method trains with the same ratios as with the default (grpo and s_init,
+        # say).
         applied = self.applied_ratios()
         for f in fields(D3SConfig):
             if f.name in RATIOS and getattr(self, f.name) != f.default and \
                     self.applied_ratios(**{f.name: f.default}) == applied:
-                raise ValueError(f"{f.name} {getattr(self, f.name)} does not apply to method {self.method!r}: it "
-                                 f"trains with (rho_s, rho_t) {applied[0]} at the first step and {applied[1]} at "
-                                 f"the last, whatever {f.name} is; leave it out")
+                raise ValueError(f"{f.name} {getattr(self, f.name)} does not apply to method "
+                                 f"{self.method!r}: it trains with (rho_s, rho_t) {applied[0]} at "
+                                 f"the first step and {applied[1]} at the last, whatever {f.name} "
+                                 "is; leave it out")
         if self.loss_type != "dapo":
-            raise ValueError(f"loss_type {self.loss_type!r} is not supported with D3S; use 'dapo' (the default): "
-                             f"the loss is the sum over kept tokens / the step's kept tokens, as in train.py")
+            raise ValueError(f"loss_type {self.loss_type!r} is not supported with D3S; use 'dapo' "
+                             "(the default): the loss is the sum over kept tokens / the step's "
+                             "kept tokens, as in train.py")
         if self.top_entropy_quantile != 1.0:
-            raise ValueError("top_entropy_quantile is TRL's own 80/20 token mask; use method='entropy' "
-                             "(the same baseline, pooled over the step) and leave top_entropy_quantile at 1.0")
+            raise ValueError("top_entropy_quantile is TRL's own 80/20 token mask; use "
+                             "method='entropy' (the same baseline, pooled over the step) and leave "
+                             "top_entropy_quantile at 1.0")
 
     def applied_ratios(self, **ratios):
         """[(rho_s, rho_t) at the first step, at the last step] as the method applies them
         (d3s.keep_ratios, then d3s.applied_ratios), for this config's ratios or those given."""
         r = {**{name: getattr(self, name) for name in RATIOS}, **ratios}
         schedule = d3s.METHODS[self.method]["schedule"]
-        return [d3s.applied_ratios(self.method, *d3s.keep_ratios(step, 2, schedule, **r)) for step in (0, 1)]
+        return [d3s.applied_ratios(self.method,
+                                   *d3s.keep_ratios(step, 2, schedule, **r)) for step in (0, 1)]
 
 # -----------------------------------------------------------------------------
 # moving rows between processes: pure functions of tensors and an accelerate.Accelerator
@@ -183,7 +196,8 @@ def gather_batch(local, accelerator, pad_id):
 def process_shares(num_kept, num_processes, steps):
     """For each process, the positions in the kept list of the rows it trains on: contiguous shares
     whose sizes differ by at most 1, each topped up with -1 (a filler row) to the same length
-    R = max(ceil(num_kept / num_processes), steps), so every micro-batch of every process has a row."""
+    R = max(ceil(num_kept / num_processes), steps), so every micro-batch of every process has a
+    row."""
     rows = max(-(-num_kept // num_processes), steps)
     return [torch.cat([share, torch.full((rows - len(share),), -1, dtype=torch.long)])
             for share in torch.arange(num_kept).tensor_split(num_processes)]
@@ -212,14 +226,16 @@ def take_rows(batch, index, advantages, share):
     real, pos = share >= 0, share.clamp(min=0)
     rows = index[pos]
     part = {key: t[rows] for key, t in batch.items()}
-    part["completion_mask"] = part["completion_mask"] * real[:, None].to(part["completion_mask"].dtype)
+    mask = part["completion_mask"]
+    part["completion_mask"] = mask * real[:, None].to(mask.dtype)
     part["advantages"] = torch.where(real, advantages[pos], torch.zeros_like(advantages[pos]))
     part["rollout_index"] = torch.where(real, rows, torch.full_like(rows, -1))  # -1: a filler
     return trim(part)
 
 
 def split_micro_batches(part, steps):
-    """steps micro-batches of near-equal size (the same sizes on every process, since all have R rows)."""
+    """steps micro-batches of near-equal size (the same sizes on every process, since all have R
+    rows)."""
     rows = part["advantages"].size(0)
     return [trim({key: t[chunk] if t.dim() > 0 else t for key, t in part.items()})
             for chunk in torch.arange(rows, device=part["advantages"].device).tensor_split(steps)]
@@ -229,29 +245,32 @@ def split_micro_batches(part, steps):
 
 
 class D3STrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with D3S's sample- and token-level down-sampling (see the module docstring)."""
+    """TRL's GRPOTrainer with D3S's sample- and token-level down-sampling (the module docstring)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, D3SConfig):
             raise TypeError(f"D3STrainer needs a D3SConfig, got {type(self.args).__name__}")
         if self._is_vlm:
-            raise ValueError("D3STrainer supports text-only models; multimodal inputs are not handled")
+            raise ValueError("D3STrainer supports text-only models; multimodal inputs are not "
+                             "handled")
         if self.args.disable_dropout:  # TRL's own switch misses Qwen2's attention dropout, a float
             disable_dropout(self.model)
         self.method = d3s.METHODS[self.args.method]  # dict(sample=..., token=..., schedule=...)
         self._rewards_per_func = None  # (B, reward functions), every process's rollouts
 
     def _calculate_rewards(self, *args, **kwargs):
-        # TRL gathers the rewards of every process before normalising them per group; keep them for step 4
+        # TRL gathers the rewards of every process before normalising them per group; keep them for
+        # step 4
         self._rewards_per_func = super()._calculate_rewards(*args, **kwargs)
         return self._rewards_per_func
 
     def _prepare_inputs(self, generation_batch):
         """One micro-batch of this process. As TRL's, but the scored batch goes through _down_sample
-        before it is split: the buffer holds only kept rollouts (and fillers), in near-equal micro-batches."""
-        if not self.model.training:
-            return super()._prepare_inputs(generation_batch)  # evaluation: TRL's plain GRPO on every rollout
+        before it is split: the buffer holds only kept rollouts (and fillers), in near-equal
+        micro-batches."""
+        if not self.model.training:  # evaluation: TRL's plain GRPO on every rollout
+            return super()._prepare_inputs(generation_batch)
         steps = self.args.steps_per_generation
         if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
             scored = self._generate_and_score_completions(generation_batch)  # TRL: steps 1-3
@@ -262,21 +281,25 @@ class D3STrainer(GRPOTrainer):
 
     def _down_sample(self, local, rewards):
         """
-        Steps 4-6 (docs/algorithm.md) on TRL's scored generation batch. local: this process's rows as
-        _generate_and_score_completions returns them; rewards (B,): every process's rollouts in TRL's
-        order. Returns this process's steps_per_generation micro-batches (dicts for TRL's loss) whose
-        tool_mask (b, C) marks the kept tokens, plus rollout_index (b,): each row's place in the
-        generation batch, -1 for a filler.
+        Steps 4-6 (docs/algorithm.md) on TRL's scored generation batch. local: this process's rows
+        as _generate_and_score_completions returns them; rewards (B,): every process's rollouts in
+        TRL's order. Returns this process's steps_per_generation micro-batches (dicts for TRL's
+        loss) whose tool_mask (b, C) marks the kept tokens, plus rollout_index (b,): each row's
+        place in the generation batch, -1 for a filler.
         """
-        unknown = set(local) - set(PROMPT_KEYS + COMPLETION_KEYS + ROW_KEYS) - {"num_items_in_batch"}
+        known = set(PROMPT_KEYS + COMPLETION_KEYS + ROW_KEYS) | {"num_items_in_batch"}
+        unknown = set(local) - known
         if unknown:
-            raise ValueError(f"D3STrainer handles text-only batches; got {', '.join(sorted(unknown))}")
+            raise ValueError("D3STrainer handles text-only batches; got "
+                             f"{', '.join(sorted(unknown))}")
         acc, steps = self.accelerator, self.args.steps_per_generation
         a = self.args
-        # the schedule: rho(p), p = global step / (max_steps - 1), read when the batch is generated; then
-        # the ratios the method applies (1 where it keeps everything, the 80/20 baseline's fixed share)
+        # the schedule: rho(p), p = global step / (max_steps - 1), read when the batch is generated;
+        # then the ratios the method applies (1 where it keeps everything, the 80/20 baseline's
+        # fixed share)
         total = max(self.state.max_steps, 1)
-        scheduled = d3s.keep_ratios(min(self.state.global_step, total - 1), total, self.method["schedule"],
+        scheduled = d3s.keep_ratios(min(self.state.global_step, total - 1), total,
+                                    self.method["schedule"],
                                     a.s_init, a.s_final, a.t_init, a.t_final)
         rho_s, rho_t = d3s.applied_ratios(a.method, *scheduled)
 
@@ -284,9 +307,11 @@ class D3STrainer(GRPOTrainer):
         batch = gather_batch(local, acc, self._tokenizer.pad_token_id)
         advantages = batch["advantages"]  # (B,) TRL's group advantages
         scale = "none" if self.scale_rewards == "none" else "group"  # for PODS's re-normalisation
-        index, kept_adv = d3s.select_samples(rewards.to(advantages.device), advantages, self.num_generations,
+        index, kept_adv = d3s.select_samples(rewards.to(advantages.device), advantages,
+                                             self.num_generations,
                                              rho_s, self.method["sample"], scale=scale)
-        index, kept_adv = broadcast(index), broadcast(kept_adv)  # decided once: process 0's choice for all
+        # decided once: process 0's choice for all
+        index, kept_adv = broadcast(index), broadcast(kept_adv)
         share = process_shares(len(index), acc.num_processes, steps)[acc.process_index]
         part = take_rows(batch, index, kept_adv, share)  # this process's kept rollouts, (R, ...)
 
@@ -301,21 +326,25 @@ class D3STrainer(GRPOTrainer):
             entropy = self._entropy(part)  # (R, C)
             scores = d3s.token_scores(part["advantages"], entropy, self.method["token"])  # (R, C)
             kept = self._select_tokens(scores, valid, rho_t)
-            # train.py's entropy column: over every valid token of the kept rollouts (TRL's own `entropy`
-            # metric averages over its loss mask, which is now the kept tokens)
-            total = acc.reduce(torch.stack([torch.where(valid, entropy, 0.0).sum(), valid.sum().float()]), "sum")
+            # train.py's entropy column: over every valid token of the kept rollouts (TRL's own
+            # `entropy` metric averages over its loss mask, which is now the kept tokens)
+            total = acc.reduce(torch.stack([torch.where(valid, entropy, 0.0).sum(),
+                                            valid.sum().float()]), "sum")
             metrics["entropy"] = (total[0] / total[1].clamp(min=1)).item()
-        # TRL's loss masks tokens with completion_mask * tool_mask and attends with completion_mask alone
-        # (tool_mask is its mask for tool outputs): the kept tokens go there, so the others take part in
-        # the forward as context but add nothing to the loss, its gradient or the divisor.
+        # TRL's loss masks tokens with completion_mask * tool_mask and attends with completion_mask
+        # alone (tool_mask is its mask for tool outputs): the kept tokens go there, so the others
+        # take part in the forward as context but add nothing to the loss, its gradient or the
+        # divisor.
         part["tool_mask"] = kept.to(part["completion_mask"].dtype)
         num_kept = acc.reduce(kept.sum(), reduction="sum")
         part["num_items_in_batch"] = num_kept  # TRL's "dapo" divisor: the step's kept tokens
 
         # the diagnostics of train.py's step line, through TRL's metrics (so to any logger)
         metrics.update(rho_s=rho_s, rho_t=rho_t, rollouts=advantages.numel(), kept=len(index),
-                       valid=acc.reduce(valid.sum(), reduction="sum").item(), tokens=num_kept.item(),
-                       var_adv=d3s.population_variance(advantages), var_kept=d3s.population_variance(kept_adv),
+                       valid=acc.reduce(valid.sum(), reduction="sum").item(),
+                       tokens=num_kept.item(),
+                       var_adv=d3s.population_variance(advantages),
+                       var_kept=d3s.population_variance(kept_adv),
                        fillers=len(share) * acc.num_processes - len(index))
         for name, value in metrics.items():
             self._metrics["train"][f"d3s/{name}"].append(float(value))
@@ -325,16 +354,19 @@ class D3STrainer(GRPOTrainer):
         """Step 5 without gradient: H of every completion token of this process's rows, (R, C)."""
         input_ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
         attention_mask = torch.cat([part["prompt_mask"], part["completion_mask"]], dim=1)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        no_checkpointing = disable_gradient_checkpointing(self.model,
+                                                          self.args.gradient_checkpointing_kwargs)
+        with torch.no_grad(), no_checkpointing:
             _, entropy, _ = self._get_per_token_logps_and_entropies(
                 self.model, input_ids, attention_mask, part["completion_ids"].size(1),
                 batch_size=self.args.per_device_train_batch_size, compute_entropy=True)
         return entropy
 
     def _select_tokens(self, scores, valid, keep):
-        """Step 6: the top `keep` of every process's scores, chosen once; this process's rows of it."""
+        """Step 6: the top `keep` of every process's scores, chosen once; this process's rows."""
         acc = self.accelerator
-        all_scores = acc.gather(acc.pad_across_processes(scores.float(), dim=1))  # (processes * R, C_max)
+        # every process's scores, (processes * R, C_max)
+        all_scores = acc.gather(acc.pad_across_processes(scores.float(), dim=1))
         all_valid = acc.gather(acc.pad_across_processes(valid.long(), dim=1)).bool()
         if all_valid.any():
             kept = d3s.select_tokens(all_scores, all_valid, keep)
@@ -350,9 +382,9 @@ class D3STrainer(GRPOTrainer):
 
 
 def correctness_reward(stop_ids):
-    """TRL reward function: 1.0 when the completion's final answer equals the row's answer (reward.grade,
-    step 2), else 0.0. A completion that does not end in a stop token hit the token limit: it counts
-    only with an explicit answer, as in train.py."""
+    """TRL reward function: 1.0 when the completion's final answer equals the row's answer
+    (reward.grade, step 2), else 0.0. A completion that does not end in a stop token hit the token
+    limit: it counts only with an explicit answer, as in train.py."""
     def correct(completions, answer, completion_ids, **kwargs):
         return [grade(text, reference, truncated=not ids or ids[-1] not in stop_ids)
                 for text, reference, ids in zip(completions, answer, completion_ids)]
@@ -363,27 +395,34 @@ def correctness_reward(stop_ids):
 class ScriptArguments:
     model: str = field(default="Qwen/Qwen2.5-0.5B", metadata={
         "help": "hub id, short name (Qwen2.5-0.5B), local folder or tiny (model.load_model)"})
-    dataset: str = field(default="gsm8k", metadata={"help": "training prompts: a data.load_problems name or .jsonl"})
-    data_dir: Optional[str] = field(default=None, metadata={"help": "local copies laid out as NAME/SPLIT.jsonl"})
-    limit: Optional[int] = field(default=None, metadata={"help": "use only the first LIMIT training problems"})
+    dataset: str = field(default="gsm8k", metadata={
+        "help": "training prompts: a data.load_problems name or .jsonl"})
+    data_dir: Optional[str] = field(default=None, metadata={
+        "help": "local copies laid out as NAME/SPLIT.jsonl"})
+    limit: Optional[int] = field(default=None, metadata={
+        "help": "use only the first LIMIT training problems"})
 
 
 def main(argv=None):
+    parser = HfArgumentParser((ScriptArguments, D3SConfig))
     try:
-        script, config = HfArgumentParser((ScriptArguments, D3SConfig)).parse_args_into_dataclasses(argv)
-    except ValueError as e:  # a bad knob (D3SConfig's checks or TRL's): one line, exit code 2, no traceback
+        script, config = parser.parse_args_into_dataclasses(argv)
+    except ValueError as e:  # a bad knob (D3SConfig's or TRL's): one line, exit 2, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    with config.main_process_first(desc="loading data and model"):  # the tiny world is built once, by process 0
+    # the tiny world is built once, by process 0
+    with config.main_process_first(desc="loading data and model"):
         rows = load_problems(script.dataset, "train", limit=script.limit, data_dir=script.data_dir)
-        # float32 weights: with --bf16 (TRL's default) the forward runs in bf16 autocast, as train.py on a GPU
+        # float32 weights: with --bf16 (TRL's default) the forward runs in bf16 autocast, as
+        # train.py on a GPU
         model, tokenizer = load_model(script.model, device="cpu", dtype="float32")
-    model.generation_config.eos_token_id = stop_token_ids(model, tokenizer)  # + <|im_end|>, as train.py
-    dataset = Dataset.from_list([{"prompt": format_prompt(tokenizer, row["prompt"]), "answer": str(row["answer"])}
-                                 for row in rows])
-    trainer = D3STrainer(model=model, reward_funcs=correctness_reward(set(stop_token_ids(model, tokenizer))),
+    model.generation_config.eos_token_id = stop_token_ids(model, tokenizer)  # + <|im_end|>
+    dataset = Dataset.from_list([{"prompt": format_prompt(tokenizer, row["prompt"]),
+                                  "answer": str(row["answer"])} for row in rows])
+    trainer = D3STrainer(model=model,
+                         reward_funcs=correctness_reward(set(stop_token_ids(model, tokenizer))),
                          args=config, train_dataset=dataset, processing_class=tokenizer)
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)  # a checkpoint-N folder, or None
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)  # checkpoint-N, or None
     trainer.save_model(config.output_dir)
     trainer.save_state()  # trainer_state.json: every logged step, d3s/* metrics included
     return trainer

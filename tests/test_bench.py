@@ -1,8 +1,8 @@
-"""bench.py: the study's numbers (95% t intervals, paired differences, AUC, steps to GRPO with a bootstrap
-interval, seconds to GRPO, shares) against hand computations on fake run folders; reuse of finished
-runs and refusal of a changed config; per-method learning rates, the tuning mode and its lrs.json;
-the schedule knobs reaching only the methods that read them; and a real 2-step run of grpo and d3s,
-its table checked against the runs' own log.jsonl / train.log / config.json."""
+"""bench.py: the study's numbers (95% t intervals, paired differences, AUC, steps to GRPO with a
+bootstrap interval, seconds to GRPO, shares) against hand computations on fake run folders; reuse of
+finished runs and refusal of a changed config; per-method learning rates, the tuning mode and its
+lrs.json; the schedule knobs reaching only the methods that read them; and a real 2-step run of grpo
+and d3s, its table checked against the runs' own log.jsonl / train.log / config.json."""
 import contextlib
 import io
 import json
@@ -25,7 +25,8 @@ import train
 
 
 def table_rows(text):
-    """{method (and lr and K when a method has several rows): [cells]} from the markdown table in a text."""
+    """{method (and lr and K when a method has several rows): [cells]} from the markdown table in
+    a text."""
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -35,21 +36,22 @@ def table_rows(text):
 
 
 def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5):
-    return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128, "tokens": tokens,
-             "valid": 2 * tokens, "grad_norm": 1.0, "t_gen": t_gen, "t_upd": t_upd, "nonfinite": 0}
+    return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128,
+             "tokens": tokens, "valid": 2 * tokens, "grad_norm": 1.0, "t_gen": t_gen,
+             "t_upd": t_upd, "nonfinite": 0}
             for i in range(steps)]
 
 
 def fake_folders(args, accs, per_step, tmp_path):
-    """Write a finished run folder (result.json) for every (method, lr, K, seed) that `args` asks for, as
-    if bench had run it: accs[(method, lr, K, seed)] are the accuracies at steps 0, 10, 20 (tokens: 100 a step),
-    per_step[method](seed) the per-step rows. Returns the configs."""
+    """Write a finished run folder (result.json) for every (method, lr, K, seed) that `args` asks
+    for, as if bench had run it: accs[(method, lr, K, seed)] are the accuracies at steps 0, 10, 20
+    (tokens: 100 a step), per_step[method](seed) the per-step rows. Returns the configs."""
     _, cfgs = bench.configs(bench.parse_args(args))
     for cfg in cfgs:
         history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a}
                    for i, a in enumerate(accs[(*bench.key(cfg), cfg.seed)])]
-        result = {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch, "seed": cfg.seed,
-                  "out_dir": cfg.out_dir, "command": "", "history": history,
+        result = {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
+                  "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "", "history": history,
                   "steps": per_step[cfg.method](cfg.seed), "wall": 10.0, "error": None}
         (tmp_path / cfg.out_dir).mkdir(parents=True)
         saved = {"config": bench.as_json(cfg), "result": result}
@@ -67,7 +69,8 @@ def main(args, capsys):
 def no_training(monkeypatch, tmp_path):
     """Work in tmp_path; any run that bench would start fails the test."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench, "run_one", lambda cfg: pytest.fail(f"{cfg.out_dir} was run, not reused"))
+    monkeypatch.setattr(bench, "run_one",
+                        lambda cfg: pytest.fail(f"{cfg.out_dir} was run, not reused"))
     return tmp_path
 
 # -----------------------------------------------------------------------------
@@ -89,37 +92,44 @@ def test_mean_ci_auc_first_reach():
     assert bench.auc([{"step": 0, "accuracy": 0.2}, {"step": 10, "accuracy": 0.4},
                       {"step": 30, "accuracy": 0.5}]) == pytest.approx(0.4)
     assert bench.first_reach([0, 10, 20], [0.2, 0.5, 0.6], 0.5) == 10
-    assert bench.first_reach([0, 10, 20], [0.2, 0.3, 0.6], 0.1 + 0.2 + 0.3) == 20  # 0.6000000000000001: reached
+    # 0.6000000000000001: reached
+    assert bench.first_reach([0, 10, 20], [0.2, 0.3, 0.6], 0.1 + 0.2 + 0.3) == 20
     assert bench.first_reach([0, 10, 20], [0.2, 0.3, 0.4], 0.5) is None
 
 
 def test_reach_interval_two_seeds_by_hand():
-    # seed A reaches GRPO's 0.5 at step 10, seed B never; a resample of 2 seeds is AA (1/4: step 10),
-    # AB (1/2: mean .2 .4 .5, step 20) or BB (1/4: never). Both AA and BB are far above 2.5% of 1000.
-    lo, hi, reached = bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5])
+    # seed A reaches GRPO's 0.5 at step 10, seed B never; a resample of 2 seeds is AA (1/4: step
+    # 10), AB (1/2: mean .2 .4 .5, step 20) or BB (1/4: never). Both AA and BB are far above 2.5%
+    # of 1000.
+    accs = [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]]
+    lo, hi, reached = bench.reach_interval([0, 10, 20], accs, [0.5, 0.5])
     assert (lo, hi) == (10, None)
     assert 0.70 < reached < 0.80  # 3/4 of the resamples reach it
-    again = bench.reach_interval([0, 10, 20], [[0.2, 0.5, 0.6], [0.2, 0.3, 0.4]], [0.5, 0.5])
+    again = bench.reach_interval([0, 10, 20], accs, [0.5, 0.5])
     assert again == (lo, hi, reached)  # seeded
     # every resample reaches at the same step: the interval is that step
-    assert bench.reach_interval([0, 10, 20], [[0.2, 0.7, 0.6], [0.2, 0.8, 0.7]], [0.5, 0.7]) == (10, 10, 1.0)
+    accs = [[0.2, 0.7, 0.6], [0.2, 0.8, 0.7]]
+    assert bench.reach_interval([0, 10, 20], accs, [0.5, 0.7]) == (10, 10, 1.0)
 
 # -----------------------------------------------------------------------------
 # the table of a fake study, by hand
 
 
-STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10", "--out", "study",
-         "--lr", "1e-4", "--updates_per_batch", "1"]
+STUDY = ["--methods", "grpo,d3s,d2s", "--seeds", "3", "--steps", "20", "--eval_every", "10",
+         "--out", "study", "--lr", "1e-4", "--updates_per_batch", "1"]
 ACCS = {  # accuracy at steps 0, 10, 20 of each (method, lr, K, seed)
-    ("grpo", 1e-4, 1, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1, 1): [0.2, 0.3, 0.6], ("grpo", 1e-4, 1, 2): [0.2, 0.5, 0.7],
-    ("d3s", 1e-4, 1, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1, 1): [0.2, 0.8, 0.7], ("d3s", 1e-4, 1, 2): [0.2, 0.7, 0.9],
-    ("d2s", 1e-4, 1, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 1): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 2): [0.2, 0.3, 0.4],
+    ("grpo", 1e-4, 1, 0): [0.2, 0.4, 0.5], ("grpo", 1e-4, 1, 1): [0.2, 0.3, 0.6],
+    ("grpo", 1e-4, 1, 2): [0.2, 0.5, 0.7],
+    ("d3s", 1e-4, 1, 0): [0.2, 0.7, 0.6], ("d3s", 1e-4, 1, 1): [0.2, 0.8, 0.7],
+    ("d3s", 1e-4, 1, 2): [0.2, 0.7, 0.9],
+    ("d2s", 1e-4, 1, 0): [0.2, 0.3, 0.4], ("d2s", 1e-4, 1, 1): [0.2, 0.3, 0.4],
+    ("d2s", 1e-4, 1, 2): [0.2, 0.3, 0.4],
 }
 PER_STEP = {  # 20 steps each; grpo keeps all 128 rollouts and 1000 tokens a step
     "grpo": lambda seed: fake_steps(20, kept=128, tokens=1000, t_gen=1.0 + 0.1 * seed, t_upd=0.5,
-                                    zero_var=lambda i: 0.25 * (1 + seed)),   # zero-var .25 .5 .75 by seed
+                                    zero_var=lambda i: 0.25 * (1 + seed)),  # .25 .5 .75 by seed
     "d3s": lambda seed: fake_steps(20, kept=64, tokens=150, t_gen=1.0, t_upd=0.3,
-                                   zero_var=lambda i: 0.5 * (i % 2)),        # .5 on odd steps: .25 for each seed
+                                   zero_var=lambda i: 0.5 * (i % 2)),  # .25 for each seed
     "d2s": lambda seed: fake_steps(20, kept=32, tokens=50, t_gen=1.0, t_upd=0.2),
 }
 
@@ -135,8 +145,9 @@ def test_study_table_by_hand(no_training, capsys):
     assert grpo["final"] == [60.0, round(100 * t2 * 0.1 / math.sqrt(3), 1)] == [60.0, 24.8]
     assert grpo["auc"] == [40.0, 16.4]          # sd of .375 .35 .475 = sqrt(.004375) = .0661
     assert grpo["final_diff"] == [0.0, 0.0] and grpo["auc_diff"] == [0.0, 0.0]
-    # its own mean curve .2 .4 .6 reaches its final .6 at step 20, in every resample (each seed's step-10
-    # value is below its own final); the 20 steps before cost (1.0 + 1.1 + 1.2) / 3 * 20 s + 0.5 * 20 s
+    # its own mean curve .2 .4 .6 reaches its final .6 at step 20, in every resample (each seed's
+    # step-10 value is below its own final); the 20 steps before cost
+    # (1.0 + 1.1 + 1.2) / 3 * 20 s + 0.5 * 20 s
     assert (grpo["steps_to_grpo"], grpo["steps_ci"], grpo["reached"]) == (20, [20, 20], 1.0)
     assert grpo["s_to_grpo"] == [22.0, 10.0]
     # d3s: finals .6 .7 .9; AUC .55 .625 .625; paired differences .1 .1 .2 and .175 .275 .15
@@ -144,39 +155,48 @@ def test_study_table_by_hand(no_training, capsys):
     assert d3s["final_diff"] == [13.3, 14.3] and d3s["auc_diff"] == [20.0, 16.4]
     # step-10 values .7 .8 .7 are at or above any resample's target (at most .7): step 10 always
     assert (d3s["steps_to_grpo"], d3s["steps_ci"], d3s["reached"]) == (10, [10, 10], 1.0)
-    assert d3s["s_to_grpo"] == [10.0, 3.0]     # steps 0..9: 10 * 1.0 s generating, 10 * 0.3 s updating
-    assert (d3s["rollouts"], d3s["rollouts_pct"], d3s["tokens"], d3s["tokens_pct"]) == (1280, 50.0, 3000, 15.0)
+    assert d3s["s_to_grpo"] == [10.0, 3.0]  # steps 0..9: 10 * 1.0 s generating, 10 * 0.3 s updating
+    shares = (d3s["rollouts"], d3s["rollouts_pct"], d3s["tokens"], d3s["tokens_pct"])
+    assert shares == (1280, 50.0, 3000, 15.0)
     assert (grpo["t_gen"], d3s["t_upd"]) == (1.1, 0.3)
-    # the zero-variance share, a run's mean over its steps: grpo .25 .5 .75 (sd .25), d3s .25 every seed
+    # the zero-variance share, a run's mean over its steps: grpo .25 .5 .75 (sd .25), d3s .25 always
     assert grpo["zero_var"] == [50.0, round(100 * t2 * 0.25 / math.sqrt(3), 1)] == [50.0, 62.1]
     assert d3s["zero_var"] == [25.0, 0.0] and d2s["zero_var"] == [50.0, 0.0]
     # d2s: .2 .3 .4 for every seed: never reaches .6, in no resample
     assert d2s["final"] == [40.0, 0.0] and d2s["auc"] == [30.0, 0.0]
     assert d2s["final_diff"] == [-20.0, 24.8] and d2s["auc_diff"] == [-10.0, 16.4]
-    assert (d2s["steps_to_grpo"], d2s["steps_ci"], d2s["reached"], d2s["s_to_grpo"]) == (None, [None, None], 0.0, None)
+    reach = (d2s["steps_to_grpo"], d2s["steps_ci"], d2s["reached"], d2s["s_to_grpo"])
+    assert reach == (None, [None, None], 0.0, None)
     # the printed table is those numbers
     rows = table_rows(printed)
     assert table_rows((no_training / "study" / "results.md").read_text()) == rows
-    assert rows["grpo"][1:9] == ["0.0001", "1", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4", "+0.0 ± 0.0",
-                                 "20 [20, 20]", "32 (22+10)"]
-    assert rows["d3s"][3:11] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4", "10 [10, 10]",
-                                 "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
-    assert rows["d2s"][4:9] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4", "not reached [never, never]", "-"]
+    assert rows["grpo"][1:9] == ["0.0001", "1", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4",
+                                 "+0.0 ± 0.0", "20 [20, 20]", "32 (22+10)"]
+    assert rows["d3s"][3:11] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4",
+                                 "10 [10, 10]", "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
+    assert rows["d2s"][4:9] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4",
+                                "not reached [never, never]", "-"]
     assert rows["d2s"][-1] == "3/3"
-    assert (rows["grpo"][11], rows["d3s"][11], rows["d3s"][12]) == ("50.0 ± 62.1", "25.0 ± 0.0", "1.00")
+    cells = (rows["grpo"][11], rows["d3s"][11], rows["d3s"][12])
+    assert cells == ("50.0 ± 62.1", "25.0 ± 0.0", "1.00")
     # the plot's curves: seed means, t intervals, paired differences to grpo
     curve = res["curves"]["d3s lr 0.0001 K 1"]
-    assert curve["step"] == [0, 10, 20] and curve["acc_mean"] == pytest.approx([0.2, 2.2 / 3, 2.2 / 3])
+    assert curve["step"] == [0, 10, 20]
+    assert curve["acc_mean"] == pytest.approx([0.2, 2.2 / 3, 2.2 / 3])
     # at step 10: .7 .8 .7, sd sqrt(1/300)
-    assert curve["acc_ci"][0] == 0.0 and curve["acc_ci"][1] == pytest.approx(t2 * math.sqrt(1 / 300 / 3), rel=1e-4)
-    assert curve["diff_mean"] == pytest.approx([0.0, 0.3333333, 0.1333333])  # (.3 .5 .2) and (.1 .1 .2)
+    assert curve["acc_ci"][0] == 0.0
+    assert curve["acc_ci"][1] == pytest.approx(t2 * math.sqrt(1 / 300 / 3), rel=1e-4)
+    # paired differences (.3 .5 .2) and (.1 .1 .2)
+    assert curve["diff_mean"] == pytest.approx([0.0, 0.3333333, 0.1333333])
     assert (no_training / "study" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_aggregate_failures_and_no_grpo():
     def run(method, seed, accs, error=None):
-        return {"method": method, "lr": 1e-4, "updates_per_batch": 1, "seed": seed, "wall": 10.0, "error": error,
-                "history": [{"step": 10 * i, "tokens": 100 * i, "accuracy": a} for i, a in enumerate(accs)],
+        return {"method": method, "lr": 1e-4, "updates_per_batch": 1, "seed": seed, "wall": 10.0,
+                "error": error,
+                "history": [{"step": 10 * i, "tokens": 100 * i, "accuracy": a}
+                            for i, a in enumerate(accs)],
                 "steps": [] if error else fake_steps(20, kept=8, tokens=100, t_gen=1.0, t_upd=0.5)}
     results = [run("grpo", 0, [0.2, 0.4, 0.5]), run("grpo", 1, [0.2, 0.3, 0.7]),
                run("d3s", 0, [0.2, 0.7, 0.6]), run("d3s", 1, [], error="RuntimeError: boom"),
@@ -186,7 +206,8 @@ def test_aggregate_failures_and_no_grpo():
     assert grpo["final"] == [60.0, 127.1]  # t(0.975, 1) 12.706 * sd .1414 / sqrt(2)
     # one d3s seed: no interval; paired with grpo's seed 0 only: .6 - .5
     assert d3s["final"] == [60.0, None] and d3s["final_diff"] == [10.0, None]
-    assert d3s["runs"] == 1 and d3s["failed"] == ["seed 1: RuntimeError: boom"] and d3s["wall"] == 20
+    assert d3s["runs"] == 1 and d3s["wall"] == 20
+    assert d3s["failed"] == ["seed 1: RuntimeError: boom"]
     assert d2s == {"method": "d2s", "lr": 1e-4, "updates_per_batch": 1, "runs": 0,
                    "failed": ["seed 0: ValueError: bad"], "wall": 10}
     cells = table_rows(bench.format_table(rows))
@@ -202,7 +223,8 @@ def test_aggregate_failures_and_no_grpo():
     # without grpo there is nothing to compare with
     rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
-    assert table_rows(bench.format_table(rows))["d3s"][4:9] == ["-", "55.0", "-", "-", "-"]  # AUC (4.5 + 6.5) / 20
+    # AUC (4.5 + 6.5) / 20
+    assert table_rows(bench.format_table(rows))["d3s"][4:9] == ["-", "55.0", "-", "-", "-"]
 
 # -----------------------------------------------------------------------------
 # finished runs: reused, and never for another config
@@ -214,29 +236,35 @@ def test_changed_config_is_refused_not_reused(no_training, capsys):
         bench.main(STUDY[:5] + ["30"] + STUDY[6:])  # --steps 30
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "study/runs/grpo-seed0 holds a finished run with another config" in err[0]
+    assert len(err) == 1
+    assert "study/runs/grpo-seed0 holds a finished run with another config" in err[0]
     assert "steps 20 there, 30 now" in err[0]
     assert not (no_training / "study" / "results.json").exists()
 
 
 def test_only_unfinished_runs_are_run(no_training, monkeypatch, capsys):
     fake_folders(STUDY, ACCS, PER_STEP, no_training)
-    (no_training / "study" / "runs" / "d3s-seed1" / "result.json").unlink()  # failed or interrupted: no result.json
+    # failed or interrupted: no result.json
+    (no_training / "study" / "runs" / "d3s-seed1" / "result.json").unlink()
     ran = []
 
     def run_one(cfg):
         ran.append(cfg.out_dir)
         accs = ACCS[("d3s", cfg.lr, 1, 1)]
         history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a} for i, a in enumerate(accs)]
-        return {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": 1, "seed": cfg.seed, "out_dir": cfg.out_dir,
-                "command": "", "history": history, "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
+        return {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": 1, "seed": cfg.seed,
+                "out_dir": cfg.out_dir, "command": "", "history": history,
+                "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
     monkeypatch.setattr(bench, "run_one", run_one)
-    monkeypatch.setattr(bench, "load_model", lambda name: None)  # no tiny model to build for a fake run
-    monkeypatch.setattr(bench, "_init_worker", lambda threads: None)  # leave this process's torch threads alone
+    # no tiny model to build for a fake run
+    monkeypatch.setattr(bench, "load_model", lambda name: None)
+    # leave this process's torch threads alone
+    monkeypatch.setattr(bench, "_init_worker", lambda threads: None)
     printed = main(STUDY, capsys)
     assert ran == ["study/runs/d3s-seed1"]
     assert "9 runs: 8 finished before (reused), 1 to run" in printed
-    assert json.loads((no_training / "study" / "results.json").read_text())["table"][1]["final"] == [73.3, 37.9]
+    results = json.loads((no_training / "study" / "results.json").read_text())
+    assert results["table"][1]["final"] == [73.3, 37.9]
 
 # -----------------------------------------------------------------------------
 # learning rates: per method, a tuning grid, its lrs.json
@@ -247,55 +275,70 @@ def test_lr_per_method_and_from_a_tuned_file(tmp_path):
         args = ["--methods", "grpo,d3s", "--seeds", "1", "--out", str(tmp_path), *flags]
         _, cfgs = bench.configs(bench.parse_args(args))
         return {c.method: (c.lr, c.updates_per_batch) for c in cfgs}
-    assert settings() == {"grpo": (5e-5, 4), "d3s": (5e-5, 4)}         # train.py's defaults for the tiny world
+    # train.py's defaults for the tiny world
+    assert settings() == {"grpo": (5e-5, 4), "d3s": (5e-5, 4)}
     assert settings("--lr", "3e-4") == {"grpo": (3e-4, 4), "d3s": (3e-4, 4)}
-    assert settings("--lr", "grpo=5e-5,d3s=2e-4", "--updates_per_batch", "2") == {"grpo": (5e-5, 2), "d3s": (2e-4, 2)}
-    (tmp_path / "tuned.json").write_text(json.dumps({"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0},
-                                                     "updates_per_batch": {"grpo": 1, "d3s": 4, "pods": 1}}))
-    assert settings("--tuned", str(tmp_path / "tuned.json")) == {"grpo": (2e-4, 1), "d3s": (5e-5, 4)}
+    per_method = settings("--lr", "grpo=5e-5,d3s=2e-4", "--updates_per_batch", "2")
+    assert per_method == {"grpo": (5e-5, 2), "d3s": (2e-4, 2)}
+    tuned = {"lr": {"grpo": 2e-4, "d3s": 5e-5, "pods": 1.0},
+             "updates_per_batch": {"grpo": 1, "d3s": 4, "pods": 1}}
+    (tmp_path / "tuned.json").write_text(json.dumps(tuned))
+    from_file = settings("--tuned", str(tmp_path / "tuned.json"))
+    assert from_file == {"grpo": (2e-4, 1), "d3s": (5e-5, 4)}
 
 
 def test_tuning_mode_chooses_each_methods_lr_by_auc(no_training, capsys):
-    tune = ["--methods", "grpo,d3s", "--lr_grid", "2e-4,1e-4", "--seeds", "2", "--seed_start", "100",
-            "--steps", "20", "--eval_every", "10", "--out", "tune", "--updates_per_batch", "1"]
-    accs = {  # mean AUC: grpo 1e-4 (.2+.5)/4 + (.5+.5)/4 = .425 vs 2e-4 .4 ; d3s tie .4 = .4: the smaller lr
+    tune = ["--methods", "grpo,d3s", "--lr_grid", "2e-4,1e-4", "--seeds", "2",
+            "--seed_start", "100", "--steps", "20", "--eval_every", "10", "--out", "tune",
+            "--updates_per_batch", "1"]
+    # mean AUC: grpo 1e-4 (.2+.5)/4 + (.5+.5)/4 = .425 vs 2e-4 .4 ; d3s tie .4 = .4: the smaller lr
+    accs = {
         ("grpo", 1e-4, 1, 100): [0.2, 0.5, 0.5], ("grpo", 1e-4, 1, 101): [0.2, 0.5, 0.5],
-        ("grpo", 2e-4, 1, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 1, 101): [0.2, 0.4, 0.6],   # better final, lower AUC
+        # better final, lower AUC
+        ("grpo", 2e-4, 1, 100): [0.2, 0.3, 0.8], ("grpo", 2e-4, 1, 101): [0.2, 0.4, 0.6],
         ("d3s", 1e-4, 1, 100): [0.2, 0.4, 0.6], ("d3s", 1e-4, 1, 101): [0.2, 0.4, 0.6],
         ("d3s", 2e-4, 1, 100): [0.2, 0.5, 0.4], ("d3s", 2e-4, 1, 101): [0.2, 0.3, 0.8],
     }
     cfgs = fake_folders(tune, accs, PER_STEP, no_training)
-    assert sorted(c.out_dir for c in cfgs)[:2] == ["tune/runs/d3s-lr0.0001-seed100", "tune/runs/d3s-lr0.0001-seed101"]
+    assert sorted(c.out_dir for c in cfgs)[:2] == ["tune/runs/d3s-lr0.0001-seed100",
+                                                   "tune/runs/d3s-lr0.0001-seed101"]
     printed = main(tune, capsys)
     chosen = json.loads((no_training / "tune" / "tuned.json").read_text())
-    assert chosen["lr"] == {"grpo": 1e-4, "d3s": 1e-4} and chosen["updates_per_batch"] == {"grpo": 1, "d3s": 1}
-    assert chosen["auc"]["grpo lr 0.0002 K 1"] == [40.0, 0.0] and chosen["auc"]["grpo lr 0.0001 K 1"] == [42.5, 0.0]
+    assert chosen["lr"] == {"grpo": 1e-4, "d3s": 1e-4}
+    assert chosen["updates_per_batch"] == {"grpo": 1, "d3s": 1}
+    assert chosen["auc"]["grpo lr 0.0002 K 1"] == [40.0, 0.0]
+    assert chosen["auc"]["grpo lr 0.0001 K 1"] == [42.5, 0.0]
     assert "chosen (highest mean AUC): grpo lr 0.0001 K 1, d3s lr 0.0001 K 1" in printed
     rows = table_rows(printed)  # two grpo rows: no comparison to GRPO in tuning
     assert len(rows) == 4 and all(r[4] == "-" and r[7] == "-" for r in rows.values())
     # the study reads the file: seeds 0.. with the chosen rates
-    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--tuned", "tune/tuned.json", "--seeds", "8"]))
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--tuned", "tune/tuned.json",
+                                              "--seeds", "8"]))
     assert {(c.method, c.lr) for c in cfgs} == {("grpo", 1e-4), ("d3s", 1e-4)}
     assert [c.seed for c in cfgs[:8]] == list(range(8))
 
 
 def test_tuning_k_and_lr_together(no_training, capsys):
-    tune = ["--methods", "grpo,d3s", "--lr_grid", "1e-4,5e-5", "--updates_grid", "4,2", "--seeds", "1",
-            "--seed_start", "100", "--steps", "20", "--eval_every", "10", "--out", "tune-k"]
+    tune = ["--methods", "grpo,d3s", "--lr_grid", "1e-4,5e-5", "--updates_grid", "4,2",
+            "--seeds", "1", "--seed_start", "100", "--steps", "20", "--eval_every", "10",
+            "--out", "tune-k"]
     flat, good = [0.2, 0.4, 0.4], [0.2, 0.6, 0.6]  # AUC .35 and .5
     accs = {(m, lr, k, 100): flat for m in ("grpo", "d3s") for lr in (5e-5, 1e-4) for k in (2, 4)}
     accs[("grpo", 5e-5, 4, 100)] = good                               # grpo: the one best pair
-    accs[("d3s", 1e-4, 4, 100)] = accs[("d3s", 5e-5, 4, 100)] = good  # d3s: a tie at K 4: the smaller lr
+    accs[("d3s", 1e-4, 4, 100)] = accs[("d3s", 5e-5, 4, 100)] = good  # d3s: a tie at K 4, small lr
     cfgs = fake_folders(tune, accs, PER_STEP, no_training)
     assert [c.out_dir for c in cfgs[:4]] == [f"tune-k/runs/grpo-lr{lr}-K{k}-seed100"
                                              for k in (2, 4) for lr in ("5e-05", "0.0001")]
     assert [c.updates_per_batch for c in cfgs[:4]] == [2, 2, 4, 4]
     main(tune, capsys)
     chosen = json.loads((no_training / "tune-k" / "tuned.json").read_text())
-    assert chosen["lr"] == {"grpo": 5e-5, "d3s": 5e-5} and chosen["updates_per_batch"] == {"grpo": 4, "d3s": 4}
-    _, cfgs = bench.configs(bench.parse_args(["--methods", "d3s,grpo", "--tuned", "tune-k/tuned.json", "--seeds", "1"]))
+    assert chosen["lr"] == {"grpo": 5e-5, "d3s": 5e-5}
+    assert chosen["updates_per_batch"] == {"grpo": 4, "d3s": 4}
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "d3s,grpo", "--tuned",
+                                              "tune-k/tuned.json", "--seeds", "1"]))
     assert [(c.method, c.lr, c.updates_per_batch, c.out_dir) for c in cfgs] == [
-        ("d3s", 5e-5, 4, "out/bench/runs/d3s-seed0"), ("grpo", 5e-5, 4, "out/bench/runs/grpo-seed0")]
+        ("d3s", 5e-5, 4, "out/bench/runs/d3s-seed0"),
+        ("grpo", 5e-5, 4, "out/bench/runs/grpo-seed0")]
 
 
 # -----------------------------------------------------------------------------
@@ -304,14 +347,15 @@ def test_tuning_k_and_lr_together(no_training, capsys):
 
 def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
     assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == {
-        "grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"], "d2s": ["s_init", "t_init"],
-        "d3s": ["s_init", "s_final", "t_init", "t_final"], "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
+        "grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"],
+        "d2s": ["s_init", "t_init"], "d3s": ["s_init", "s_final", "t_init", "t_final"],
+        "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
         "entropy": []}  # entropy keeps its fixed t_keep 0.2
-    _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out", str(tmp_path),
-                                              "--s_init", "0.5", "--s_final", "0.9", "--t_init", "0.3",
-                                              "--t_final", "0.8"]))
-    # no error: train.py refuses a ratio a method would ignore. config.json records what each applies:
-    # 1 where it keeps everything, entropy's fixed 0.2, init = final without a schedule
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out",
+                                              str(tmp_path), "--s_init", "0.5", "--s_final", "0.9",
+                                              "--t_init", "0.3", "--t_final", "0.8"]))
+    # no error: train.py refuses a ratio a method would ignore. config.json records what each
+    # applies: 1 where it keeps everything, entropy's fixed 0.2, init = final without a schedule
     got = {c.method: (c.s_init, c.s_final, c.t_init, c.t_final) for c in cfgs}
     assert got["grpo"] == (1.0, 1.0, 1.0, 1.0) and got["entropy"] == (1.0, 1.0, 0.2, 0.2)
     assert got["pods"] == got["d1s"] == got["d1s-cross"] == (0.5, 0.5, 1.0, 1.0)
@@ -319,14 +363,17 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
 
 
 def test_pass_through_and_the_whole_test_split(tmp_path):
-    _, cfgs = bench.configs(bench.parse_args([
-        "--methods", "grpo", "--seeds", "2", "--seed_start", "100", "--out", str(tmp_path), "--eval_size", "all",
-        "--eval_every", "10", "--loss", "gspo", "--updates_per_batch", "1", "--optimizer", "sgd",
-        "--max_new_tokens", "40", "--micro_batch_size", "7", "--grad_clip", "0"]))
+    _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo", "--seeds", "2", "--seed_start",
+                                              "100", "--out", str(tmp_path), "--eval_size", "all",
+                                              "--eval_every", "10", "--loss", "gspo",
+                                              "--updates_per_batch", "1", "--optimizer", "sgd",
+                                              "--max_new_tokens", "40", "--micro_batch_size", "7",
+                                              "--grad_clip", "0"]))
     assert [c.seed for c in cfgs] == [100, 101]
     c = cfgs[0]
     assert (c.eval_size, c.eval_every) == (1036, 10)  # the tiny world's whole test split
-    assert (c.loss, c.updates_per_batch, c.optimizer, c.max_new_tokens, c.micro_batch_size) == ("gspo", 1, "sgd", 40, 7)
+    knobs = (c.loss, c.updates_per_batch, c.optimizer, c.max_new_tokens, c.micro_batch_size)
+    assert knobs == ("gspo", 1, "sgd", 40, 7)
     assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
     assert c.save_every == 0 and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
     assert bench.train_command(c).startswith("python train.py --method grpo --loss gspo ")
@@ -335,10 +382,10 @@ def test_pass_through_and_the_whole_test_split(tmp_path):
 # a real 2-step run of grpo and d3s through train.train
 
 
-ARGS = ["--methods", "grpo,d3s", "--seeds", "1", "--steps", "2", "--eval_every", "1", "--eval_size", "16",
-        "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench",
-        "--lr", "grpo=1e-4,d3s=2e-4",
-        "--max_new_tokens", "30", "--micro_batch_size", "3", "--s_init", "0.5", "--t_final", "0.7"]
+ARGS = ["--methods", "grpo,d3s", "--seeds", "1", "--steps", "2", "--eval_every", "1", "--eval_size",
+        "16", "--prompts_per_step", "2", "--group_size", "4", "--threads", "1", "--out", "bench",
+        "--lr", "grpo=1e-4,d3s=2e-4", "--max_new_tokens", "30", "--micro_batch_size", "3",
+        "--s_init", "0.5", "--t_final", "0.7"]
 
 
 @pytest.fixture(scope="module")
@@ -368,10 +415,13 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         run = out_dir / "runs" / f"{m}-seed0"
         logs[m] = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
         ran = json.loads((run / "config.json").read_text())
-        assert (ran["method"], ran["lr"], ran["max_new_tokens"], ran["micro_batch_size"]) == (m, lr, 30, 3)
-        assert json.loads((run / "result.json").read_text())["config"] == ran  # what a repeat compares with
+        knobs = (ran["method"], ran["lr"], ran["max_new_tokens"], ran["micro_batch_size"])
+        assert knobs == (m, lr, 30, 3)
+        # what a repeat compares with
+        assert json.loads((run / "result.json").read_text())["config"] == ran
         # train.py's own printed evaluations, independent of the returned history
-        accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(", (run / "train.log").read_text())]
+        accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(",
+                                                (run / "train.log").read_text())]
         assert len(logs[m]) == 2 and len(accs[m]) == 3  # steps 0, 1; evaluations at 0, 1, 2
         assert not (run / "checkpoint").exists()
     # the ratio knobs reached d3s only (train.py would refuse them for grpo, which keeps everything)
@@ -381,7 +431,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
     assert (d3s_cfg["s_init"], d3s_cfg["t_final"]) == (0.5, 0.7)
     for m, cells in rows.items():
         t, log = table[m], logs[m]
-        assert cells[3] == f"{t['final'][0]:.1f}" and t["final"] == [round(100 * accs[m][-1], 1), None]
+        assert cells[3] == f"{t['final'][0]:.1f}"
+        assert t["final"] == [round(100 * accs[m][-1], 1), None]
         assert t["rollouts"] == sum(r["kept"] for r in log)
         assert t["tokens"] == sum(r["tokens"] for r in log) == log[-1]["tokens_trained"]
         assert t["t_gen"] == round(sum(r["t_gen"] for r in log) / 2, 2)
@@ -393,8 +444,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         cfg, given = config.parse_args(train.Config, run["command"].split()[2:])
         saved = json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
         assert bench.as_json(config.resolve(cfg, given)) == saved
-    # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 -> 0.75,
-    # and round(0.7 * valid) tokens at the last step (t_final 0.7)
+    # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 ->
+    # 0.75, and round(0.7 * valid) tokens at the last step (t_final 0.7)
     assert table["grpo"]["rollouts"] == 16 and table["d3s"]["rollouts"] == 4 + 6
     assert table["d3s"]["rollouts_pct"] == 62.5
     assert logs["d3s"][1]["tokens"] == bench.d3s.num_keep(0.7, logs["d3s"][1]["valid"])
@@ -404,7 +455,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
 def test_repeating_the_command_reuses_the_runs(benched, monkeypatch, capsys):
     tmp, printed, res = benched
     monkeypatch.chdir(tmp)
-    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(train, "train",
+                        lambda *a, **k: pytest.fail("a finished run was trained again"))
     again = main(ARGS + ["--model", str(tmp / "tiny")], capsys)
     assert "2 runs: 2 finished before (reused), 0 to run" in again
     assert table_rows(again) == table_rows(printed)
@@ -412,8 +464,8 @@ def test_repeating_the_command_reuses_the_runs(benched, monkeypatch, capsys):
 
 
 def test_an_unfinished_run_is_run_again_in_its_folder(benched, tmp_path, monkeypatch, capsys):
-    # a run interrupted after some steps leaves its log.jsonl and no result.json; train.py refuses such a
-    # folder unless overwrite is true, so bench passes it and the run starts again from step 0
+    # a run interrupted after some steps leaves its log.jsonl and no result.json; train.py refuses
+    # such a folder unless overwrite is true, so bench passes it and the run starts again at step 0
     tmp, printed, res = benched
     shutil.copytree(tmp / "bench", tmp_path / "bench")
     monkeypatch.chdir(tmp_path)
@@ -423,19 +475,24 @@ def test_an_unfinished_run_is_run_again_in_its_folder(benched, tmp_path, monkeyp
     again = main(ARGS + ["--model", str(tmp / "tiny")], capsys)
     assert "2 runs: 1 finished before (reused), 1 to run" in again and "FAILED" not in again
     assert json.loads((run / "result.json").read_text())["config"]["overwrite"] is True
-    assert len((run / "log.jsonl").read_text().splitlines()) == 2  # steps 0 and 1 of the new run only
-    assert table_rows(again)["d3s"][3:8] == table_rows(printed)["d3s"][3:8]  # the same run, the same numbers
+    # steps 0 and 1 of the new run only
+    assert len((run / "log.jsonl").read_text().splitlines()) == 2
+    # the same run, the same numbers
+    assert table_rows(again)["d3s"][3:8] == table_rows(printed)["d3s"][3:8]
 
 # -----------------------------------------------------------------------------
 # bad input
 
 
 @pytest.mark.parametrize("flags, word", [
-    (["--methods", "grpo,nope"], "nope"), (["--seeds", "0"], "--seeds"), (["--steps", "0"], "--steps"),
-    (["--lr", "-1"], "--lr"), (["--s_init", "2", "--methods", "d3s"], "--s_init"),
-    (["--lr", "grpo=1e-4"], "no learning rate for d3s"), (["--lr", "grpo=x,d3s=1"], "'x' is not a number"),
-    (["--tuned", "nofile.json"], "no such file"), (["--lr", "1e-4", "--lr_grid", "1e-4,2e-4"], "give one of the three"),
-    (["--lr", "grpo=1e-4,d3s"], "method=lr pairs"), (["--updates_grid", "2,x"], "'x' is not a number"),
+    (["--methods", "grpo,nope"], "nope"), (["--seeds", "0"], "--seeds"),
+    (["--steps", "0"], "--steps"), (["--lr", "-1"], "--lr"),
+    (["--s_init", "2", "--methods", "d3s"], "--s_init"),
+    (["--lr", "grpo=1e-4"], "no learning rate for d3s"),
+    (["--lr", "grpo=x,d3s=1"], "'x' is not a number"), (["--tuned", "nofile.json"], "no such file"),
+    (["--lr", "1e-4", "--lr_grid", "1e-4,2e-4"], "give one of the three"),
+    (["--lr", "grpo=1e-4,d3s"], "method=lr pairs"),
+    (["--updates_grid", "2,x"], "'x' is not a number"),
     (["--optimizer", "adam"], "--optimizer"), (["--eval_size", "0"], "--eval_size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""experiments/memory.py: the counts experiments/speed.md's memory table rests on, checked against a real model."""
+"""experiments/memory.py: the counts experiments/speed.md's memory table rests on, checked against a
+real model."""
 import sys
 from pathlib import Path
 
@@ -7,11 +8,11 @@ import pytest
 from experiments import memory  # noqa: E402
 
 TINY = dict(vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, tied=True)
-# the coefficients of one run of experiments/memory.py (experiments/speed.md), to test the search with
-MEASURED = {"plain_backward": 0.202, "head_with_weight_grad_per_position": 4.02, "head_weight_grad": 1.0,
-            "embedding_backward": 3.0, "head_per_position": 12.0, "no_grad_decoder": 0.581,
-            "entropy_head_per_position": 16.02, "checkpointed_per_token": 4.0, "checkpointed_backward": 1.116,
-            "decode_per_row": 34.0}
+# the coefficients of one run of experiments/memory.py (experiments/speed.md), to test the search
+MEASURED = {"plain_backward": 0.202, "head_with_weight_grad_per_position": 4.02,
+            "head_weight_grad": 1.0, "embedding_backward": 3.0, "head_per_position": 12.0,
+            "no_grad_decoder": 0.581, "entropy_head_per_position": 16.02,
+            "checkpointed_per_token": 4.0, "checkpointed_backward": 1.116, "decode_per_row": 34.0}
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -23,10 +24,11 @@ def test_param_count_is_the_models(tied):
 
 
 def test_layer_activations_are_the_inventory():
-    """What one more layer holds per token after the forward, read from torch's profiler as memory.py
-    reads it, is exactly layer_act_bytes: the (layers, rows) difference cancels the bf16 weight
-    copies, the head and everything outside the layers. A formula that forgot the per-layer bf16 mask,
-    the repeated keys and values, or a norm's 1 / rms would be off by 2L, 2 x 2 x nh x d or 4 bytes."""
+    """What one more layer holds per token after the forward, read from torch's profiler as
+    memory.py reads it, is exactly layer_act_bytes: the (layers, rows) difference cancels the bf16
+    weight copies, the head and everything outside the layers. A formula that forgot the per-layer
+    bf16 mask, the repeated keys and values, or a norm's 1 / rms would be off by 2L, 2 x 2 x nh x d
+    or 4 bytes."""
     held = {}
     for layers in (1, 2):
         model = memory.build(layers, TINY)
@@ -40,14 +42,15 @@ def test_settings_are_the_largest_that_fit():
     lengths = dict(prompt_len=240, new_tokens=512)
     s = memory.SHAPES["Qwen2.5-0.5B"]
     chosen = {card: memory.settings_for(s, card, MEASURED, **lengths) for card in memory.CARDS_GIB}
-    assert chosen[80]["micro_batch_size"] == 16 and chosen[80]["logprob_chunk"] == 4096  # the defaults
+    assert chosen[80]["micro_batch_size"] == 16 and chosen[80]["logprob_chunk"] == 4096  # defaults
     for card, got in chosen.items():
         assert memory.fits(got["peak"], card)
         assert not got["gradient_checkpointing"]
-        if got["micro_batch_size"] < 16:  # twice the micro-batch does not fit, even with the smallest chunk
-            bigger = memory.predict(s, 2 * got["micro_batch_size"], 256, False, 256, MEASURED, **lengths)
+        if got["micro_batch_size"] < 16:  # twice the micro-batch does not fit, even in small chunks
+            bigger = memory.predict(s, 2 * got["micro_batch_size"], 256, False, 256, MEASURED,
+                                    **lengths)
             assert not memory.fits(bigger["peak"], card)
     micro = [chosen[card]["micro_batch_size"] for card in memory.CARDS_GIB]
     assert micro == sorted(micro, reverse=True) and micro[-1] < 16
-    # 7B's float32 weights, gradients and AdamW moments alone are 16 bytes x 7.6B: no card here holds them
+    # 7B's float32 weights, gradients and AdamW moments alone, 16 bytes x 7.6B: no card holds them
     assert memory.settings_for(memory.SHAPES["Qwen2.5-7B"], 80, MEASURED, **lengths) is None

@@ -32,34 +32,37 @@ DATASET = Dataset.from_list([{"prompt": f"Question: {a}+{b}\nAnswer:", "answer":
 
 @pytest.fixture(scope="module", autouse=True)
 def frozen_heap():
-    """Trainer.train ends in accelerate's free_memory, a gc.collect over every object of the process:
-    0.5 s of a 0.6 s step here, most of it the imported libraries. Frozen, they are not scanned (and
-    any garbage among them waits for the unfreeze)."""
+    """Trainer.train ends in accelerate's free_memory, a gc.collect over every object of the
+    process: 0.5 s of a 0.6 s step here, most of it the imported libraries. Frozen, they are not
+    scanned (and any garbage among them waits for the unfreeze)."""
     gc.freeze()
     yield
     gc.unfreeze()
 
 
 def checksum_reward(completions, **kwargs):
-    """A reward that differs between the completions of a random model, so advantages are not all 0."""
+    """A reward that differs between the completions of a random model: advantages are not all 0."""
     return [sum(map(ord, text)) % 7 / 6 for text in completions]
 
 
-def make_trainer(out, method="d3s", per_device=8, accumulation=1, plain=False, model=None, **overrides):
-    """A trainer on a 1-layer tiny Qwen2, ready for direct calls (what Trainer.train sets up first)."""
+def make_trainer(out, method="d3s", per_device=8, accumulation=1, plain=False, model=None,
+                 **overrides):
+    """A trainer on a 1-layer tiny Qwen2, ready for direct calls (Trainer.train's setup done)."""
     tokenizer = tiny.build_tokenizer()
-    model = model if model is not None else tiny.build_model(tokenizer, hidden_size=32, num_layers=1)
-    knobs = dict(output_dir=str(out), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
-                 save_strategy="no", logging_steps=1, per_device_train_batch_size=per_device,
-                 gradient_accumulation_steps=accumulation, num_generations=G, max_completion_length=T,
-                 max_steps=1, learning_rate=1e-3, seed=0)
+    model = model if model is not None else tiny.build_model(tokenizer, hidden_size=32,
+                                                             num_layers=1)
+    knobs = dict(output_dir=str(out), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                 report_to="none", save_strategy="no", logging_steps=1,
+                 per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
+                 num_generations=G, max_completion_length=T, max_steps=1, learning_rate=1e-3,
+                 seed=0)
     knobs.update(overrides)
     if plain:
         trainer_class, args = GRPOTrainer, GRPOConfig(**knobs)
     else:
         trainer_class, args = D3STrainer, D3SConfig(method=method, **knobs)
-    trainer = trainer_class(model=model, reward_funcs=checksum_reward, args=args, train_dataset=DATASET,
-                            processing_class=tokenizer)
+    trainer = trainer_class(model=model, reward_funcs=checksum_reward, args=args,
+                            train_dataset=DATASET, processing_class=tokenizer)
     trainer.current_gradient_accumulation_steps = accumulation
     trainer.model.train()
     return trainer
@@ -85,7 +88,7 @@ def synthetic(B, seed, rewards=None):
 
 
 def local_rows(batch, start, stop):
-    """One process's rows, as narrow as TRL pads them, with num_items_in_batch of the whole batch."""
+    """One process's rows, as narrow as TRL pads them, with the whole batch's num_items_in_batch."""
     rows = {key: t[start:stop] for key, t in batch.items()}
     width = int(rows["completion_mask"].sum(dim=1).max())
     for key in ("completion_ids", "completion_mask"):
@@ -95,7 +98,8 @@ def local_rows(batch, start, stop):
 
 
 def fake_entropy(entropy):
-    """Stands in for TRL's scoring forward: each row's entropies, found by the id in its last prompt token."""
+    """Stands in for TRL's scoring forward: each row's entropies, found by the id in its last
+    prompt token."""
     def forward(model, input_ids, attention_mask, logits_to_keep, **kwargs):
         h = entropy[input_ids[:, -logits_to_keep - 1] - 2, :logits_to_keep]
         return torch.zeros_like(h), h, None
@@ -123,7 +127,8 @@ def trained(micro_batches):
 
 
 def expected(batch, rewards, entropy, method, rho_s, rho_t):
-    """The same, straight from d3s.py on the whole batch at the ratios rho_s, rho_t: what train.py would keep."""
+    """The same, straight from d3s.py on the whole batch at the ratios rho_s, rho_t: what train.py
+    would keep."""
     m = d3s.METHODS[method]
     index, adv = d3s.select_samples(rewards, batch["advantages"], G, rho_s, m["sample"])
     valid = batch["completion_mask"].bool()[index]
@@ -132,7 +137,8 @@ def expected(batch, rewards, entropy, method, rho_s, rho_t):
     else:
         scores = d3s.token_scores(adv, entropy[index], m["token"])
         mask = d3s.select_tokens(scores, valid, rho_t)
-    return {int(i): (a.item(), mask[j].nonzero().flatten().tolist()) for j, (i, a) in enumerate(zip(index, adv))}
+    return {int(i): (a.item(), mask[j].nonzero().flatten().tolist())
+            for j, (i, a) in enumerate(zip(index, adv))}
 
 
 def assert_same(got, want):
@@ -160,7 +166,8 @@ def test_config_knobs_are_train_pys(tmp_path):
     for name in ("method", "s_init", "s_final", "t_init", "t_final"):
         assert getattr(config, name) == defaults[name], name
     for method in d3s.METHODS:
-        assert D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", method=method).method == method
+        config = D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", method=method)
+        assert config.method == method
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -169,9 +176,9 @@ def test_config_knobs_are_train_pys(tmp_path):
     (dict(t_final=1.5), "t_final"),
     (dict(loss_type="grpo"), "dapo"),
     (dict(top_entropy_quantile=0.2), "method='entropy'"),
-    (dict(method="grpo", s_init=0.5), r"s_init 0.5 does not apply to method 'grpo': it trains with \(rho_s, rho_t\) "
-                                      r"\(1.0, 1.0\) at the first step and \(1.0, 1.0\) at the last, "
-                                      r"whatever s_init is"),
+    (dict(method="grpo", s_init=0.5), r"s_init 0.5 does not apply to method 'grpo': it trains with "
+                                      r"\(rho_s, rho_t\) \(1.0, 1.0\) at the first step and "
+                                      r"\(1.0, 1.0\) at the last, whatever s_init is"),
 ])
 def test_config_refuses(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message):
@@ -179,7 +186,7 @@ def test_config_refuses(tmp_path, bad, message):
 
 
 def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
-    # as train.py: a keep ratio set away from its default, which the method would not use, is an error
+    # as train.py: a keep ratio away from its default, which the method would not read, is refused
     uses = {"grpo": set(), "pods": {"s_init"}, "d1s": {"s_init"}, "d1s-cross": {"s_init"},
             "d2s": {"s_init", "t_init"}, "d3s": set(trl_d3s.RATIOS), "d3s-i": set(trl_d3s.RATIOS),
             "entropy": set()}  # without a schedule no *_final is read
@@ -187,7 +194,8 @@ def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
     for method in d3s.METHODS:
         for name in trl_d3s.RATIOS:
             try:
-                D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", method=method, **{name: 0.35})
+                D3SConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", method=method,
+                          **{name: 0.35})
             except ValueError as e:
                 assert str(e).startswith(f"{name} 0.35 does not apply to method {method!r}"), e
                 refused.setdefault(method, set()).add(name)
@@ -196,15 +204,18 @@ def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
 
 def test_command_line_refusal_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        trl_d3s.main(["--output_dir", str(tmp_path), "--method", "entropy", "--t_init", "0.3", "--use_cpu", "true"])
+        trl_d3s.main(["--output_dir", str(tmp_path), "--method", "entropy", "--t_init", "0.3",
+                      "--use_cpu", "true"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: t_init 0.3 does not apply to method 'entropy'") and "\n" not in err
+    assert err.startswith("error: t_init 0.3 does not apply to method 'entropy'")
+    assert "\n" not in err
 
 def test_reward_is_reward_grade(monkeypatch):
     stop = {1}  # <eos> of the tiny tokenizer
     reward = trl_d3s.correctness_reward(stop)
-    assert reward([" 3+8=1\n#### 5", "#### 4"], answer=["5", "5"], completion_ids=[[3, 1], [3, 1]]) == [1.0, 0.0]
+    got = reward([" 3+8=1\n#### 5", "#### 4"], answer=["5", "5"], completion_ids=[[3, 1], [3, 1]])
+    assert got == [1.0, 0.0]
     seen = []  # reward.grade is getting a truncated= argument: it is passed only if grade takes it
 
     def grade(text, reference, truncated=False):
@@ -218,15 +229,17 @@ def test_reward_is_reward_grade(monkeypatch):
 # one process
 
 
-# Every method: the knobs it reads, and the (rho_s, rho_t) it applies at the first and the last of 2 steps,
-# by hand: 1 where it keeps everything, the 80/20 baseline's 0.2 of tokens, no schedule but d3s's and d3s-i's
+# Every method: the knobs it reads, and the (rho_s, rho_t) it applies at the first and the last of 2
+# steps, by hand: 1 where it keeps everything, the 80/20 baseline's 0.2 of tokens, no schedule but
+# d3s's and d3s-i's
 APPLIED = {
     "grpo":      ({}, [(1, 1), (1, 1)]),
     "pods":      (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
     "d1s":       (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
     "d1s-cross": (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
     "d2s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.4, 0.3)]),
-    "d3s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),  # s_final, t_final: the defaults
+    # s_final, t_final: the defaults
+    "d3s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
     "d3s-i":     (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
     "entropy":   ({}, [(1, 0.2), (1, 0.2)]),
 }
@@ -248,14 +261,17 @@ def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
         assert_same(trained(micro), want)
         assert len(micro) == 2
         kept_tokens = sum(len(cols) for _, cols in want.values())
-        assert [int(mb["num_items_in_batch"]) for mb in micro] == [kept_tokens] * 2  # TRL's dapo divisor
+        # TRL's dapo divisor
+        assert [int(mb["num_items_in_batch"]) for mb in micro] == [kept_tokens] * 2
         assert metrics["d3s/kept"][-1] == len(want) and metrics["d3s/tokens"][-1] == kept_tokens
         assert metrics["d3s/rollouts"][-1] == 16 and metrics["d3s/fillers"][-1] == 0
         rows = sorted(want)
         kept_adv = torch.tensor([want[r][0] for r in rows])
-        assert metrics["d3s/var_adv"][-1] == pytest.approx(batch["advantages"].var(unbiased=False).item())
+        var_adv = batch["advantages"].var(unbiased=False).item()
+        assert metrics["d3s/var_adv"][-1] == pytest.approx(var_adv)
         assert metrics["d3s/var_kept"][-1] == pytest.approx(kept_adv.var(unbiased=False).item())
-        if d3s.METHODS[method]["token"] != "none":  # train.py's entropy: over the valid tokens of the kept rollouts
+        # train.py's entropy: over the valid tokens of the kept rollouts
+        if d3s.METHODS[method]["token"] != "none":
             valid = batch["completion_mask"][rows].bool()
             assert metrics["d3s/entropy"][-1] == pytest.approx(entropy[rows][valid].mean().item())
 
@@ -275,11 +291,14 @@ def test_grpo_method_is_plain_grpo(tmp_path):
     model = tiny.build_model(tiny.build_tokenizer(), hidden_size=32, num_layers=1)
     ours = make_trainer(tmp_path / "ours", "grpo", model=copy.deepcopy(model))
     plain = make_trainer(tmp_path / "plain", plain=True, model=copy.deepcopy(model))
-    prompts = [DATASET[i] for i in range(2) for _ in range(G)]  # one generation batch: 2 prompts x G
+    # one generation batch: 2 prompts x G
+    prompts = [DATASET[i] for i in range(2) for _ in range(G)]
     scored, generate = {}, ours._generate_and_score_completions
     ours._generate_and_score_completions = lambda batch: scored.setdefault("batch", generate(batch))
-    loss = ours.training_step(ours.model, prompts, None)  # Trainer's path: _prepare_inputs, compute_loss, backward
-    plain_loss = plain.compute_loss(plain.model, scored["batch"])  # TRL's own loss on the same rollouts
+    # Trainer's path: _prepare_inputs, compute_loss, backward
+    loss = ours.training_step(ours.model, prompts, None)
+    # TRL's own loss on the same rollouts
+    plain_loss = plain.compute_loss(plain.model, scored["batch"])
     plain_loss.backward()
     assert loss.item() != 0 and loss.item() == pytest.approx(plain_loss.item(), rel=1e-6)
     for ours_p, plain_p in zip(ours.model.parameters(), plain.model.parameters()):
@@ -289,7 +308,7 @@ def test_grpo_method_is_plain_grpo(tmp_path):
 
 @pytest.mark.parametrize("level, loss", [("token", "grpo"), ("sequence", "gspo")])
 def test_gradient_is_train_pys(tmp_path, level, loss):
-    # 7 of 16 rollouts kept, in 2 micro-batches of 4 and 3, token selection on the model's own entropy
+    # 7 of 16 rollouts kept, in 2 micro-batches of 4 and 3; token selection on the model's entropy
     trainer = make_trainer(tmp_path, "d3s", per_device=8, accumulation=2, s_init=0.45, t_init=0.5,
                            importance_sampling_level=level)
     batch, rewards, _ = synthetic(16, seed=3)
@@ -312,8 +331,8 @@ def test_gradient_is_train_pys(tmp_path, level, loss):
     logp, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, T)
     advantages = torch.tensor([kept[rollout][0] for rollout in rows])
     model.zero_grad()
-    reference, _ = d3s.policy_loss(logp, logp.detach(), advantages, mask, int(mask.sum()), loss=loss,
-                                   seq_mask=batch["completion_mask"][rows].bool())
+    reference, _ = d3s.policy_loss(logp, logp.detach(), advantages, mask, int(mask.sum()),
+                                   loss=loss, seq_mask=batch["completion_mask"][rows].bool())
     reference.backward()
     for got, p in zip(ours, model.parameters()):
         torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6)
@@ -330,7 +349,8 @@ def test_dropped_rollouts_are_not_forwarded(tmp_path, method, with_grad, without
     rows = {True: 0, False: 0}  # rows the model scored, with and without gradient
 
     def count(module, args, kwargs):
-        if kwargs.get("fused_lm_head"):  # TRL's scoring forwards; generation calls the model without it
+        # TRL's scoring forwards; generation calls the model without fused_lm_head
+        if kwargs.get("fused_lm_head"):
             rows[torch.is_grad_enabled()] += kwargs["input_ids"].size(0)
     trainer.model.register_forward_pre_hook(count, with_kwargs=True)
     trainer.train()  # one step: 4 prompts x G = 16 rollouts
@@ -342,7 +362,8 @@ def test_dropout_is_off_by_default(tmp_path):
     parser = HfArgumentParser((trl_d3s.ScriptArguments, D3SConfig))
     argv = ["--output_dir", str(tmp_path), "--use_cpu", "true"]
     assert parser.parse_args_into_dataclasses(argv)[1].disable_dropout
-    assert not parser.parse_args_into_dataclasses(argv + ["--disable_dropout", "false"])[1].disable_dropout
+    _, config = parser.parse_args_into_dataclasses(argv + ["--disable_dropout", "false"])
+    assert not config.disable_dropout
     model = tiny.build_model(tiny.build_tokenizer(), hidden_size=32, num_layers=1)
     model.config.attention_dropout = 0.5  # Qwen2's dropout: a float on each attention module
     for module in model.modules():
@@ -360,11 +381,11 @@ def test_two_step_run_follows_the_schedule(tmp_path):
     tokenizer = tiny.build_tokenizer()
     tiny.build_model(tokenizer, hidden_size=32, num_layers=1).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    trl_d3s.main(["--model", str(tmp_path / "model"), "--dataset", "tiny", "--output_dir", str(tmp_path / "run"),
-                  "--max_steps", "2", "--per_device_train_batch_size", "16", "--num_generations", "4",
-                  "--max_completion_length", "8", "--use_cpu", "true", "--bf16", "false",
-                  "--gradient_checkpointing", "false", "--report_to", "none", "--logging_steps", "1",
-                  "--save_strategy", "no"])
+    trl_d3s.main(["--model", str(tmp_path / "model"), "--dataset", "tiny", "--output_dir",
+                  str(tmp_path / "run"), "--max_steps", "2", "--per_device_train_batch_size", "16",
+                  "--num_generations", "4", "--max_completion_length", "8", "--use_cpu", "true",
+                  "--bf16", "false", "--gradient_checkpointing", "false", "--report_to", "none",
+                  "--logging_steps", "1", "--save_strategy", "no"])
     log = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"]
     steps = [row for row in log if "d3s/kept" in row]
     assert [row["step"] for row in steps] == [1, 2]
@@ -380,7 +401,8 @@ def test_two_step_run_follows_the_schedule(tmp_path):
 
 def two_process_batch():
     """16 rollouts, 8 per process. Process 0's two groups are all wrong and all right (A = 0), so
-    cross selection keeps only rollouts of process 1: the shares must move rows between processes."""
+    cross selection keeps only rollouts of process 1: the shares must move rows between
+    processes."""
     rewards = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 1], dtype=torch.float)
     return synthetic(16, seed=2, rewards=rewards)
 
@@ -389,8 +411,8 @@ def test_two_processes_select_as_one(tmp_path):
     out = tmp_path / "two.json"
     # forked, not launched: the two processes start with TRL already imported (torchrun's fresh
     # processes spent 9 of their 10 s importing it), and find each other as torchrun's would
-    context = torch.multiprocessing.start_processes(two_process_worker, (str(out), free_port()), nprocs=2,
-                                                    join=False, start_method="fork")
+    context = torch.multiprocessing.start_processes(two_process_worker, (str(out), free_port()),
+                                                    nprocs=2, join=False, start_method="fork")
     deadline = time.monotonic() + 300
     while not context.join(timeout=1):  # a failed process raises here, with its traceback
         if time.monotonic() > deadline:
@@ -401,7 +423,8 @@ def test_two_processes_select_as_one(tmp_path):
 
     # one process with the whole batch, and d3s.py itself
     batch, rewards, entropy = two_process_batch()
-    one = make_trainer(tmp_path / "one", "d3s", per_device=8, accumulation=2, s_init=0.3, t_init=0.3)
+    one = make_trainer(tmp_path / "one", "d3s", per_device=8, accumulation=2, s_init=0.3,
+                       t_init=0.3)
     one._get_per_token_logps_and_entropies = fake_entropy(entropy)
     alone = trained(down_sample(one, local_rows(batch, 0, 16), rewards))
     want = expected(batch, rewards, entropy, "d3s", 0.3, 0.3)
@@ -413,10 +436,11 @@ def test_two_processes_select_as_one(tmp_path):
             together[int(rollout)] = value
     assert_same(together, want)
 
-    # 5 kept, all from process 1's rows; each process trains 3 rows (one filler) in micro-batches of 2 and 1
+    # 5 kept, all from process 1's rows; each process trains 3 rows (one filler) in micro-batches
+    # of 2 and 1
     assert len(want) == 5 and min(want) >= 8
     assert [share["sizes"] for share in result["processes"]] == [[2, 1], [2, 1]]
-    assert len(result["processes"][0]["trained"]) == 3 and len(result["processes"][1]["trained"]) == 2
+    assert [len(share["trained"]) for share in result["processes"]] == [3, 2]
     # and the two processes trained 2 steps together, with the schedule's counts
     steps = [row for row in result["log"] if "d3s/kept" in row]
     assert result["world"] == [2, 2]
@@ -431,14 +455,16 @@ def free_port():
 
 def two_process_worker(rank, out_path, port):
     """Process `rank` of 2, forked from the test: each hands its 8 rows of two_process_batch to
-    _down_sample; then both train 2 real steps together. Process 0 writes what each process got, and the log."""
+    _down_sample; then both train 2 real steps together. Process 0 writes what each process got,
+    and the log."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # what torchrun would set
     AcceleratorState._reset_state(reset_partial_state=True)  # forget the parent's one-process state
     GradientState._reset_state()
     torch.set_num_threads(1)  # a forked process starts a fresh thread pool
     work = Path(out_path).parent
-    trainer = make_trainer(work / "select", "d3s", per_device=4, accumulation=2, s_init=0.3, t_init=0.3)
+    trainer = make_trainer(work / "select", "d3s", per_device=4, accumulation=2, s_init=0.3,
+                           t_init=0.3)
     acc = trainer.accelerator
     batch, rewards, entropy = two_process_batch()
     trainer._get_per_token_logps_and_entropies = fake_entropy(entropy)
@@ -449,4 +475,5 @@ def two_process_worker(rank, out_path, port):
     run.train()
     if acc.is_main_process:
         world = [acc.num_processes, torch.distributed.get_world_size()]
-        Path(out_path).write_text(json.dumps({"processes": processes, "log": run.state.log_history, "world": world}))
+        Path(out_path).write_text(json.dumps({"processes": processes, "log": run.state.log_history,
+                                              "world": world}))
