@@ -1,7 +1,7 @@
 """
 A run's folder, and every way a run can stop: what train.py's loop does that is not the algorithm.
 
-    with Run(cfg, given, log) as run:         # the run's values; its folder, fresh or resumed, locked
+    with Run(cfg, given, log) as run:         # its values; its folder, fresh or resumed, locked
         ... load the data, the model, the optimizer ...
         run.begin(model, tokenizer, optimizer, train_set, eval_set)   # config.json, the first lines
         for step in range(run.start, cfg.steps + 1):
@@ -53,9 +53,11 @@ class Run:
 
     def __init__(self, cfg, given=None, log=print):
         self.cfg, self.given, self.log = cfg, given, log
-        self.state, self.lock, self.created, self.model, self.bar, self.wandb = None, None, False, None, None, None
+        self.state, self.lock, self.created, self.model, self.bar, self.wandb = \
+            None, None, False, None, None, None
         self.signals, self.moving, self.redone, self.stopping = Signals(), False, False, False
-        self.saved, self.saved_history = None, None  # the step and the evaluations of the last checkpoint
+        # the step and the evaluations of the last checkpoint
+        self.saved, self.saved_history = None, None
 
     # -------------------------------------------------------------------------- the start
 
@@ -68,14 +70,15 @@ class Run:
         return self
 
     def _open(self):
-        """The values, then the folder: a resume's saved config and state, or a fresh folder, locked."""
+        """The values, then the folder: a resume's saved config and state, or a fresh folder,
+        locked."""
         cfg = self.cfg
         given = config.given_knobs(cfg) if self.given is None else set(self.given)
         self.signals.install()
         if cfg.resume:  # locked before anything reads it: a live run may be saving into it
             if not os.path.isdir(cfg.resume):
-                raise ValueError(f"--resume {cfg.resume}: no such folder; pass the run folder of an earlier "
-                                 f"train.py run")
+                raise ValueError(f"--resume {cfg.resume}: no such folder; pass the run folder of "
+                                 f"an earlier train.py run")
             self.lock = lock(cfg.resume)
             cfg, given, self.state = checkpoint.resume(cfg, given)
         cfg = self.cfg = config.resolve(cfg, given)  # each knob's value for this run, checked
@@ -85,22 +88,27 @@ class Run:
             os.makedirs(run_dir, exist_ok=True)
             self.lock = lock(run_dir)
             checkpoint.check_fresh(run_dir, cfg.overwrite)  # a folder with another run is refused
-            self.world = tiny.world_of(cfg.model)  # a tiny world (by name or folder), else None: a real model
+            # a tiny world (by name or folder), else None: a real model
+            self.world = tiny.world_of(cfg.model)
             self.weights, self.start, self.history, self.tokens_trained = cfg.model, 0, [], 0
         else:  # the changes are accepted now: record them, and cut a crashed run's log back
             checkpoint.record_resume(run_dir, self.state["step"], self.state["changed"])
             checkpoint.trim_log(run_dir, self.state["step"])
             self.weights = os.path.join(run_dir, "checkpoint")
-            self.world = tiny.world_of(self.weights) or tiny.world_of(cfg.model)  # the run's own world
+            # the run's own world
+            self.world = tiny.world_of(self.weights) or tiny.world_of(cfg.model)
             self.start, self.history = self.state["step"], self.state["history"]
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
         self.completed = self.start  # the steps applied to the model
-        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+        self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
+                       else cfg.device)
 
     def begin(self, model, tokenizer, optimizer, train_set, eval_set):
-        """The model is loaded: the folder gets this run's config.json, and the run says what it is."""
+        """The model is loaded: the folder gets this run's config.json, and the run says what it
+        is."""
         cfg, state = self.cfg, self.state
-        self.model, self.tokenizer, self.optimizer, self.eval_size = model, tokenizer, optimizer, len(eval_set)
+        self.model, self.tokenizer, self.optimizer, self.eval_size = \
+            model, tokenizer, optimizer, len(eval_set)
         if state is not None:
             optimizer.load_state_dict(state["optimizer"])
         else:
@@ -110,14 +118,16 @@ class Run:
         for line in first_lines(cfg, self.world, self.device, state, len(train_set), len(eval_set)):
             self.log(line)
         self.wandb = start_wandb(cfg)
-        self.bar = tqdm(total=cfg.steps, initial=self.start, disable=not sys.stderr.isatty(), dynamic_ncols=True)
+        self.bar = tqdm(total=cfg.steps, initial=self.start, disable=not sys.stderr.isatty(),
+                        dynamic_ncols=True)
         self.say = tqdm.write if not self.bar.disable else self.log  # the bar on a terminal only
 
     # -------------------------------------------------------------------------- the loop's calls
 
     def eval_due(self, step):
         """At step 0, every eval_every steps and at the end; again if a stop cut that one short."""
-        return due(step, self.cfg.eval_every, self.cfg.steps) and step not in [h["step"] for h in self.history]
+        return (due(step, self.cfg.eval_every, self.cfg.steps)
+                and step not in [h["step"] for h in self.history])
 
     def evaluated(self, step, accuracy):
         """Record a held-out accuracy: the eval line, curves.png (from the first step on), wandb."""
@@ -132,14 +142,16 @@ class Run:
 
     def save_due(self, step):
         """Every save_every steps and at the end; and where a resumed run redid an evaluation."""
-        return (step > self.start and due(step, self.cfg.save_every, self.cfg.steps, first=False)) or \
+        return (step > self.start
+                and due(step, self.cfg.save_every, self.cfg.steps, first=False)) or \
             (step == self.start and self.redone)
 
     def save(self, step):
-        """RUN/checkpoint after `step` steps (checkpoint.save). A signal meanwhile waits for the save."""
+        """RUN/checkpoint after `step` steps (checkpoint.save). A signal meanwhile waits for the
+        save."""
         self.signals.saving = True
-        self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer, self.optimizer, step,
-                                     self.history, self.tokens_trained, self.world)
+        self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer, self.optimizer,
+                                     step, self.history, self.tokens_trained, self.world)
         self.saved_history = len(self.history)
         self.signals.saving = False
         if not (self.signals.hold or self.stopping):
@@ -150,8 +162,9 @@ class Run:
         self.signals.hold = self.moving = True
 
     def end_step(self, row, selection):
-        """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an evaluation
-        follows, its selection page. selection: (rollouts, batch, rewards, adv, idx, token_mask, scores)."""
+        """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an
+        evaluation follows, its selection page. selection: (rollouts, batch, rewards, adv, idx,
+        token_mask, scores)."""
         with open(os.path.join(self.cfg.out_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
         if self.wandb:
@@ -159,16 +172,18 @@ class Run:
         self.completed, self.moving = row["step"] + 1, False
         self.say(step_line(row, self.cfg.updates_per_batch))
         self.bar.update(1)
-        if due(self.completed, self.cfg.eval_every, self.cfg.steps):  # the page of what this step kept
+        # the page of what this step kept
+        if due(self.completed, self.cfg.eval_every, self.cfg.steps):
             plots.write_selection(self.cfg.out_dir, self.selection_record(row, *selection))
         self.signals.release()  # a signal that came during the step stops the run now
 
     def selection_record(self, row, rollouts, batch, rewards, adv, idx, token_mask, scores):
-        """plots.selection_record of a step: its groups, what each level kept, why a skipped step was skipped."""
+        """plots.selection_record of a step: its groups, what each level kept, why a skipped step
+        was skipped."""
         why = {"skipped_reason": NO_SIGNAL} if row["no_signal"] else {}
         return plots.selection_record(self.tokenizer, rollouts, [r["prompt"] for r in batch],
-                                      [r["answer"] for r in batch], rewards, adv, idx, token_mask, scores,
-                                      {**row, "method": self.cfg.method, **why})
+                                      [r["answer"] for r in batch], rewards, adv, idx, token_mask,
+                                      scores, {**row, "method": self.cfg.method, **why})
 
     def finish(self):
         """The run's last line; returns the held-out evaluations [{step, tokens, accuracy}]."""
@@ -177,9 +192,10 @@ class Run:
             self.wandb.finish()
         cfg, h = self.cfg, self.history
         idle = sum(r["no_signal"] for r in plots.read_log(cfg.out_dir) if r["step"] >= self.start)
-        self.log(f"done: held-out accuracy {h[0]['accuracy']:.3f} -> {h[-1]['accuracy']:.3f} ({cfg.dataset}, "
-                 f"{self.eval_size} prompts, greedy); {idle} of {cfg.steps - self.start} steps had nothing to "
-                 f"learn (no update); run folder {cfg.out_dir}")
+        self.log(f"done: held-out accuracy {h[0]['accuracy']:.3f} -> {h[-1]['accuracy']:.3f} "
+                 f"({cfg.dataset}, {self.eval_size} prompts, greedy); {idle} of "
+                 f"{cfg.steps - self.start} steps had nothing to learn (no update); "
+                 f"run folder {cfg.out_dir}")
         return h
 
     # -------------------------------------------------------------------------- the stops
@@ -188,39 +204,46 @@ class Run:
         try:
             if kind is not None and issubclass(kind, KeyboardInterrupt):
                 self._interrupted()
-            if kind is not None and issubclass(kind, NonFiniteLogits):  # no checkpoint: these weights went wrong
-                raise config.Stop(f"step {self.completed}: {error}; no checkpoint saved; start a new run with a "
-                                  f"lower --lr (from --model {self.cfg.out_dir}/checkpoint if its weights are "
-                                  f"still sound)") from None
+            # no checkpoint: these weights went wrong
+            if kind is not None and issubclass(kind, NonFiniteLogits):
+                raise config.Stop(f"step {self.completed}: {error}; no checkpoint saved; "
+                                  f"start a new run with a lower --lr "
+                                  f"(from --model {self.cfg.out_dir}/checkpoint "
+                                  f"if its weights are still sound)") from None
             if kind is not None and issubclass(kind, torch.OutOfMemoryError):
-                traceback.clear_frames(tb)  # the failed step's tensors go before anything else is tried
+                # the failed step's tensors go before anything else is tried
+                traceback.clear_frames(tb)
                 raise config.Stop(self._out_of_memory()) from None
         finally:
             self._close()
         return False
 
     def _interrupted(self):
-        """Ctrl-C or SIGTERM: save the steps fully applied, say how to go on, exit with the signal's code."""
+        """Ctrl-C or SIGTERM: save the steps fully applied, say how to go on, exit with the signal's
+        code."""
         code = self.signals.first or signal.SIGINT
         if self.model is None:
             self.log(f"\ninterrupted before step {self.start}: nothing new to save")
             raise KeyboardInterrupt(code) from None
-        if self.moving:  # a second signal while the step's weights were moving: this state is half a step
-            self.log(f"\nquit without saving; continue from the last checkpoint: python train.py --resume "
-                     f"{self.cfg.out_dir}")
+        # a second signal while the step's weights were moving: this state is half a step
+        if self.moving:
+            self.log(f"\nquit without saving; continue from the last checkpoint: "
+                     f"python train.py --resume {self.cfg.out_dir}")
             raise KeyboardInterrupt(code) from None
         self.stopping = True  # a signal during this save waits for it
         if (self.saved, self.saved_history) != (self.completed, len(self.history)):
             self.save(self.completed)
-        done = (f"checkpoint saved after step {self.completed - 1} (it resumes at step {self.completed})"
-                if self.completed > 0 else "no step had finished; the checkpoint holds the starting model "
-                                           "(it resumes at step 0)")
-        self.log(f"\ninterrupted: {done}; continue with: python train.py --resume {self.cfg.out_dir}")
+        done = (f"checkpoint saved after step {self.completed - 1} "
+                f"(it resumes at step {self.completed})" if self.completed > 0 else
+                "no step had finished; the checkpoint holds the starting model "
+                "(it resumes at step 0)")
+        self.log(f"\ninterrupted: {done}; continue with: "
+                 f"python train.py --resume {self.cfg.out_dir}")
         raise KeyboardInterrupt(code) from None  # config.main exits with 128 + code
 
     def _out_of_memory(self):
-        """The out-of-memory line, after saving what can be saved: the steps applied, when no weight of
-        the step in progress had moved yet (half a step is never saved)."""
+        """The out-of-memory line, after saving what can be saved: the steps applied, when no weight
+        of the step in progress had moved yet (half a step is never saved)."""
         if self.model is not None and not self.moving:
             self.optimizer.zero_grad(set_to_none=True)
             self.stopping = True
@@ -239,8 +262,8 @@ class Run:
 
 
 def due(step, every, steps, first=True):
-    """Is an evaluation (first: also at step 0) or a checkpoint due at `step`? Every `every` steps (0:
-    never) and at the end."""
+    """Is an evaluation (first: also at step 0) or a checkpoint due at `step`? Every `every` steps
+    (0: never) and at the end."""
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
 
 
@@ -252,28 +275,33 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
     resumed = "" if state is None else f" | resuming at step {state['step']}" + "".join(
         f"; --{k} {a} -> {b}" for k, (a, b) in state["changed"].items())
     schedule = (f"rho_s {cfg.s_init:g}->{cfg.s_final:g}, rho_t {cfg.t_init:g}->{cfg.t_final:g}"
-                if m["schedule"] == "linear" else f"rho_s {cfg.s_init:g}, rho_t {cfg.t_init:g} (constant)")
+                if m["schedule"] == "linear" else
+                f"rho_s {cfg.s_init:g}, rho_t {cfg.t_init:g} (constant)")
     return [f"run {cfg.out_dir} | {cfg.model} on {device}, {where}{resumed}",
-            f"data {n_train} train / {n_eval} held-out: {describe(cfg.dataset, 'test', cfg.data_dir or None)}",
-            f"method {cfg.method} ({m['sample']} samples, {m['token']} tokens, {m['schedule']} schedule) "
-            f"+ {cfg.loss} loss | keep {schedule}",
+            f"data {n_train} train / {n_eval} held-out: "
+            f"{describe(cfg.dataset, 'test', cfg.data_dir or None)}",
+            f"method {cfg.method} ({m['sample']} samples, {m['token']} tokens, "
+            f"{m['schedule']} schedule) + {cfg.loss} loss | keep {schedule}",
             f"steps {cfg.steps} of {cfg.prompts_per_step} prompts x {cfg.group_size} = "
-            f"{cfg.prompts_per_step * cfg.group_size} rollouts, max_new_tokens {cfg.max_new_tokens}, "
-            f"temperature {cfg.temperature:g} | K {cfg.updates_per_batch} updates per step, "
-            f"{cfg.optimizer} lr {cfg.lr:g}"]
+            f"{cfg.prompts_per_step * cfg.group_size} rollouts, "
+            f"max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature:g} | "
+            f"K {cfg.updates_per_batch} updates per step, {cfg.optimizer} lr {cfg.lr:g}"]
 
 
 def out_of_memory(cfg, step, saved):
-    """The line an out-of-memory stop prints: where the run continues from, and with which of the knobs
-    that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
+    """The line an out-of-memory stop prints: where the run continues from, and with which of the
+    knobs that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's
+    step, or None."""
     gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
-    lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} (or --gen_batch_size {max(1, gen // 2)}, "
+    lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} "
+             f"(or --gen_batch_size {max(1, gen // 2)}, "
              f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; "
              f"experiments/speed.md has settings by GPU memory)")
     if saved is None:
-        return f"out of memory at step {step}, before any checkpoint; start again with less memory per pass: {lower}"
-    return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; continue with less memory "
-            f"per pass: python train.py --resume {cfg.out_dir} {lower}")
+        return (f"out of memory at step {step}, before any checkpoint; "
+                f"start again with less memory per pass: {lower}")
+    return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; "
+            f"continue with less memory per pass: python train.py --resume {cfg.out_dir} {lower}")
 
 
 # -----------------------------------------------------------------------------
@@ -281,11 +309,12 @@ def out_of_memory(cfg, step, saved):
 
 
 class Signals:
-    """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both end
-    the run with a checkpoint. While `hold` is set (from a step's first update to its log line) they
-    wait, so that a checkpoint always falls on a step boundary; a second one then quits at once,
-    without saving. While `saving`, every signal waits for the checkpoint being written. The exit code
-    is the first signal's. Installed only in the main thread (Python's rule for signals)."""
+    """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both
+    end the run with a checkpoint. While `hold` is set (from a step's first update to its log line)
+    they wait, so that a checkpoint always falls on a step boundary; a second one then quits at
+    once, without saving. While `saving`, every signal waits for the checkpoint being written. The
+    exit code is the first signal's. Installed only in the main thread (Python's rule for
+    signals)."""
 
     def __init__(self):
         self.first, self.hold, self.saving, self.old = None, False, False, {}
@@ -320,9 +349,10 @@ class Signals:
 
 
 def lock(run_dir):
-    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it. An flock
-    is dropped by the kernel when its process dies, so a lock file left by a killed run is taken over.
-    (Without fcntl: a file created with O_EXCL holding the pid, stale once that pid is gone.)"""
+    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it. An
+    flock is dropped by the kernel when its process dies, so a lock file left by a killed run is
+    taken over. (Without fcntl: a file created with O_EXCL holding the pid, stale once that pid is
+    gone.)"""
     path = os.path.join(run_dir, LOCK)
     while True:
         try:
@@ -350,8 +380,8 @@ def lock(run_dir):
 
 
 def _in_use(run_dir, path):
-    return (f"{run_dir} is in use by a train.py that is still running (pid {_holder(path) or '?'}); wait for "
-            f"it to stop, or pass another --out_dir")
+    return (f"{run_dir} is in use by a train.py that is still running "
+            f"(pid {_holder(path) or '?'}); wait for it to stop, or pass another --out_dir")
 
 
 def unlock(held):

@@ -31,26 +31,34 @@ questions). The default, "tiny", is the one above. The harder ones [ours] are wh
 should matter more:
   tiny-long  8 terms: 7 worked steps, a 50-token solution instead of 26, so token selection has more
              to choose from. The teacher forgets the carry 40% of the time, not 60%: over 7 steps a
-             60% teacher leaves a greedy model right 0.7% of the time (measured), nothing to climb from.
+             60% teacher leaves a greedy model right 0.7% of the time (measured), nothing to climb
+             from.
   tiny-weak  most groups all wrong, and RL still learns: the default world's questions and warm-up,
              but the teacher forgets the carry 90% of the time. The model learns to add (0.95 on the
-             right digit of a step that does not wrap) and applies the carry rarely (0.07 on the right
-             digit of a wrapping step, 0.83 on the forgotten carry). Greedy, it is right on the 6.4% of
-             questions with no wrapping step and on almost nothing else; sampled, on a question with one
-             wrapping step about 1 time in 10, so 62% of a GRPO step's groups are all wrong. A right
-             answer is a carry the model made, which RL can reinforce: GRPO at its tuned lr 1e-4, K = 2
-             takes the held-out accuracy from 7.0% to 43.2% in 100 steps (seeds 0-2, whole test split),
-             and about half of each batch's groups still have all rewards equal at the end (0.58 over
-             the first 10 steps, 0.49 over the last 50); experiments/study.md, section F.
+             right digit of a step that does not wrap) and applies the carry rarely (0.07 on the
+             right digit of a wrapping step, 0.83 on the forgotten carry). Greedy, it is right on
+             the 6.4% of questions with no wrapping step and on almost nothing else; sampled, on a
+             question with one wrapping step about 1 time in 10, so 62% of a GRPO step's groups are
+             all wrong. A right answer is a carry the model made, which RL can reinforce: GRPO at
+             its tuned lr 1e-4, K = 2 takes the held-out accuracy from 7.0% to 43.2% in 100 steps
+             (seeds 0-2, whole test split), and about half of each batch's groups still have all
+             rewards equal at the end (0.58 over the first 10 steps, 0.49 over the last 50);
+             experiments/study.md, section F.
 Their starting points, measured by `python experiments/world_figures.py --world NAME` (seed 0, 1 CPU
-thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256 training
-questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean test solutions,
-the mean probability of the right result digit on steps that do not and that do wrap past 9):
+thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256
+training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean
+test solutions, the mean probability of the right result digit on steps that do not and that do
+wrap past 9):
 
-  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  all-right  p(plain)  p(wrap)  solution  budget
-  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      0.8%       0.83      0.28     26        32
-  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      0.0%       0.95      0.51     50        64
-  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%       0.95      0.07     26        32
+  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  all-right
+  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      0.8%
+  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      0.0%
+  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%
+
+  world      p(plain)  p(wrap)  solution  budget
+  tiny       0.83      0.28     26        32
+  tiny-long  0.95      0.51     50        64
+  tiny-weak  0.95      0.07     26        32
 
 (solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: train.py's
 max_new_tokens for the world, pick(tiny=32, tiny_long=64), with room for a longer wrong answer.)
@@ -84,17 +92,19 @@ PAD, EOS = "<pad>", "<eos>"
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
 NUM_TERMS = 4          # digits per question: 4 digits -> 3 worked steps
 TEST_SHARE = 10        # 1 question in TEST_SHARE is held out (by hash), never trained on
-QUESTIONS = 10 ** 4    # questions per world (train + test): all of them for 4 terms, a fixed sample for longer chains
+QUESTIONS = 10 ** 4    # questions per world (train + test): all of them for 4 terms, a fixed
+                       # sample for longer chains
 WARMUP_NOISE = 0.6     # [ours] chance that the teacher forgets the carry on a wrapping step
 WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU cores
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
-VERSION = 3            # of the warmed-up folder: pretrained() rebuilds a folder made by another version (3: the
-                       # warm-up on one thread; a folder of version 2 may have been built on more)
+VERSION = 3            # of the warmed-up folder: pretrained() rebuilds a folder made by another
+                       # version (3: the warm-up on one thread; a folder of version 2 may have been
+                       # built on more)
 
-# The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is the
-# default world, built from the constants above; harder ones vary the chain length and the warm-up
-# (their starting points are in the docstring). A world's completion budget is train.py's
+# The worlds, by name: `--model NAME` trains NAME's warmed-up model on NAME's questions. "tiny" is
+# the default world, built from the constants above; harder ones vary the chain length and the
+# warm-up (their starting points are in the docstring). A world's completion budget is train.py's
 # max_new_tokens, on that knob's line (one source for each value).
 WORLDS = {
     "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
@@ -109,17 +119,18 @@ WORLDS = {
 def build_tokenizer():
     """One token per character; decode(encode(s)) == s for any string made of CHARS.
 
-    Why a Qwen2Tokenizer and not a bare tokenizers pipeline: transformers 5's AutoTokenizer picks the
-    tokenizer class from the model's config (qwen2), so a custom pipeline saved next to a Qwen2 model
-    would be reloaded as a Qwen2Tokenizer anyway, and silently drop spaces and newlines. A byte-level
-    BPE whose vocabulary is our characters and whose merge list is empty is one token per character,
-    and survives save_pretrained / AutoTokenizer.from_pretrained unchanged.
+    Why a Qwen2Tokenizer and not a bare tokenizers pipeline: transformers 5's AutoTokenizer picks
+    the tokenizer class from the model's config (qwen2), so a custom pipeline saved next to a Qwen2
+    model would be reloaded as a Qwen2Tokenizer anyway, and silently drop spaces and newlines. A
+    byte-level BPE whose vocabulary is our characters and whose merge list is empty is one token per
+    character, and survives save_pretrained / AutoTokenizer.from_pretrained unchanged.
     """
     byte_char = bytes_to_unicode()  # byte -> the printable character byte-level BPE uses for it
     vocab = {PAD: 0, EOS: 1}
     for c in CHARS:
         vocab[byte_char[ord(c)]] = len(vocab)
-    return Qwen2Tokenizer(vocab=vocab, merges=[], pad_token=PAD, eos_token=EOS, unk_token=None, bos_token=None)
+    return Qwen2Tokenizer(vocab=vocab, merges=[], pad_token=PAD, eos_token=EOS, unk_token=None,
+                          bos_token=None)
 
 
 def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
@@ -170,21 +181,24 @@ def world(name):
 
 
 def world_of(model):
-    """The world name of a model argument: a name in WORLDS, or a folder pretrained() wrote; else None."""
+    """The world name of a model argument: a name in WORLDS, or a folder pretrained() wrote; else
+    None."""
     if model in WORLDS:
         return model
     marker = os.path.join(str(model), "tiny.json")
     if os.path.isfile(marker):
         with open(marker) as f:
-            return json.load(f).get("world", "tiny")  # folders of before the named worlds are "tiny"
+            # folders of before the named worlds are "tiny"
+            return json.load(f).get("world", "tiny")
     return None
 
 
 def questions(terms=NUM_TERMS):
-    """The digit lists of a world's questions, before the train/test split: all 10**terms of them when
-    that is at most QUESTIONS (4 terms: every question, in counting order), else [ours] a fixed sample
-    of QUESTIONS distinct ones, drawn with a random.Random(terms), so every split, seed and run sees the
-    same questions (10**8 of them could not be listed; 10**4 keep the test split near 1000)."""
+    """The digit lists of a world's questions, before the train/test split: all 10**terms of them
+    when that is at most QUESTIONS (4 terms: every question, in counting order), else [ours] a fixed
+    sample of QUESTIONS distinct ones, drawn with a random.Random(terms), so every split, seed and
+    run sees the same questions (10**8 of them could not be listed; 10**4 keep the test split near
+    1000)."""
     if 10 ** terms <= QUESTIONS:
         numbers = range(10 ** terms)
     else:
@@ -203,8 +217,8 @@ def problems(split="train", limit=None, seed=0, terms=NUM_TERMS):
 
 @functools.lru_cache(maxsize=None)
 def _split(terms):
-    """(train, test) (question, answer) pairs of a world in counting order, computed once per process
-    (hashing 10**4 questions is most of what a tiny run spends loading its data)."""
+    """(train, test) (question, answer) pairs of a world in counting order, computed once per
+    process (hashing 10**4 questions is most of what a tiny run spends loading its data)."""
     pairs = [("+".join(map(str, d)), str(sum(d) % 10)) for d in questions(terms)]
     return [p for p in pairs if not _is_test(p[0])], [p for p in pairs if _is_test(p[0])]
 
@@ -212,12 +226,13 @@ def _split(terms):
 # -----------------------------------------------------------------------------
 # warm-up
 
-def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE, terms=NUM_TERMS,
-           log=print):
-    """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model, tokenizer).
-    [ours] One CPU thread, whatever the machine: a float sum's order depends on the thread count, and
-    over 200 steps that moved weights by up to 0.018 (1 thread against 2), so the warmed-up model, and
-    every starting figure measured on it, would depend on the machine that built it."""
+def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE,
+           terms=NUM_TERMS, log=print):
+    """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model,
+    tokenizer). [ours] One CPU thread, whatever the machine: a float sum's order depends on the
+    thread count, and over 200 steps that moved weights by up to 0.018 (1 thread against 2), so the
+    warmed-up model, and every starting figure measured on it, would depend on the machine that
+    built it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -236,10 +251,11 @@ def _warmup(seed, steps, batch_size, lr, noise, terms, log):
     t0 = time.time()
     for step in range(steps):
         batch = [train[(step * batch_size + i) % len(train)] for i in range(batch_size)]
-        prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]  # = data.format_prompt without a chat template
+        # = data.format_prompt without a chat template
+        prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]
         targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise) + EOS for r in batch]
-        enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt", padding=True,
-                        padding_side="right")
+        enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt",
+                        padding=True, padding_side="right")
         labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
         for i, p in enumerate(prompts):
             labels[i, :len(p)] = -100  # one token per character: the prompt is len(p) tokens
@@ -254,18 +270,21 @@ def _warmup(seed, steps, batch_size, lr, noise, terms, log):
 
 
 def pretrained(path="out/tiny", seed=0, log=print, name="tiny"):
-    """The warmed-up model of world `name` as an HF folder at `path`: built (and saved) once, then reused."""
+    """The warmed-up model of world `name` as an HF folder at `path`: built (and saved) once, then
+    reused."""
     spec = world(name)
     want = {"version": VERSION, "world": name, "seed": seed, "terms": spec["terms"],
             "steps": spec["warmup_steps"], "noise": spec["noise"]}
     marker = os.path.join(path, "tiny.json")
     if os.path.isfile(marker):
         with open(marker) as f:
-            have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}  # older folders: the default world
+            # older folders: the default world
+            have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}
         if all(have.get(k) == v for k, v in want.items() if k != "seed"):
             return path
     log(f"building the {name} world's warmed-up model in {path} (once, ~30 s on a laptop)")
-    model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"], terms=spec["terms"], log=log)
+    model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"],
+                              terms=spec["terms"], log=log)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     with open(marker, "w") as f:  # written last: marks the folder complete
