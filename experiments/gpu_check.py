@@ -6,7 +6,8 @@ defaults, then one step with --loss gspo, to measure what only a GPU shows:
     what decides whether a card fits; the allocated peak is what the tensors needed;
   - each step's ratio over its first mini-batch (ratio_first, clip_first in log.jsonl: exactly 1 and
     0 by construction) and over all mini-batches (ratio_min, ratio_max, clip_frac): how far bf16
-    autocast moves the ratio of mini-batches 2..K, against GRPO's clip of 0.2 and GSPO's 3e-4 / 4e-4;
+    autocast moves the ratio of mini-batches 2..K, against GRPO's clip of 0.2 and GSPO's 3e-4 /
+    4e-4;
   - the KV cache's key and value dtypes in each cache mode (prefix, plain, static) under the run's
     autocast, and the seconds each mode takes (static includes its compilation on a GPU).
 
@@ -18,9 +19,10 @@ the rewards are bench_speed.py's seeded coin flips: with the real grader every a
 and train.py would skip every update, measuring nothing.
 
     python experiments/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
-    python experiments/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA     # offline: local copies
-    python experiments/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 --data_dir ../shared/data
-                                                    # a 2-layer model and a small batch, on a CPU, in a minute
+    python experiments/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA  # offline copies
+    # a 2-layer model and a small batch, on a CPU, in a minute
+    python experiments/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 \
+        --data_dir ../shared/data
 Extra arguments go to train.py (e.g. --generation static --micro_batch_size 8).
 """
 import argparse
@@ -41,12 +43,15 @@ import train  # noqa: E402
 from machinery.data import format_prompt  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B", help="a tokenizer folder or hub id (Qwen2.5's)")
-parser.add_argument("--data_dir", default="", help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
+parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B",
+                    help="a tokenizer folder or hub id (Qwen2.5's)")
+parser.add_argument("--data_dir", default="",
+                    help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
 parser.add_argument("--out", default="out/gpu_check")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--dry_run", action="store_true",
-                    help="a 2-layer, 64-wide model of the same vocabulary and a small batch: this script on a CPU")
+                    help="a 2-layer, 64-wide model of the same vocabulary and a small batch: "
+                         "this script on a CPU")
 args, rest = parser.parse_known_args()
 
 # Qwen2.5-0.5B's config.json, as published (24 layers, 896 wide, GQA 14/2 heads, tied embeddings)
@@ -63,11 +68,13 @@ folder = os.path.join(args.out, "qwen2.5-0.5b-random")
 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
 torch.manual_seed(0)
 model = Qwen2ForCausalLM(qwen_config)
-model.generation_config.eos_token_id = [151645, 151643]  # <|im_end|>, <|endoftext|> as in the instruct models
+# <|im_end|>, <|endoftext|> as in the instruct models
+model.generation_config.eos_token_id = [151645, 151643]
 model.generation_config.pad_token_id = 151643
 model.save_pretrained(folder)
 tokenizer.save_pretrained(folder)
-print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, saved to {folder}", flush=True)
+print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, saved to {folder}",
+      flush=True)
 del model
 
 cuda = torch.cuda.is_available()
@@ -80,15 +87,18 @@ def peaks():
     return torch.cuda.max_memory_allocated() / 2 ** 30, torch.cuda.max_memory_reserved() / 2 ** 30
 
 
-STEP_FIELDS = ("step", "kept", "rollouts", "tokens", "valid", "length", "t_gen", "t_upd", "updates", "zero_grad",
-               "nonfinite", "grad_norm", "ratio_first", "clip_first", "ratio_min", "ratio_max", "clip_frac")
+STEP_FIELDS = ("step", "kept", "rollouts", "tokens", "valid", "length", "t_gen", "t_upd", "updates",
+               "zero_grad", "nonfinite", "grad_norm", "ratio_first", "clip_first", "ratio_min",
+               "ratio_max", "clip_frac")
 
 
 def run(name, extra):
-    """train.train on the saved model with the check's arguments + extra; its log rows and peak memory."""
+    """train.train on the saved model with the check's arguments + extra; its log rows and peak
+    memory."""
     out = os.path.join(args.out, name)
-    argv = ["--model", folder, "--data_dir", args.data_dir, "--eval_size", "64", "--save_every", "1000",
-            "--out_dir", out, "--overwrite", "true"] + extra  # the check's own folder: a rerun replaces it
+    argv = ["--model", folder, "--data_dir", args.data_dir, "--eval_size", "64",
+            "--save_every", "1000", "--out_dir", out,
+            "--overwrite", "true"] + extra  # the check's own folder: a rerun replaces it
     cfg, given = config.parse_args(train.Config, argv + (small if args.dry_run else []) + rest)
     if cuda:
         torch.cuda.empty_cache()
@@ -106,17 +116,19 @@ def run(name, extra):
 
 
 def cache_dtypes(device):
-    """The KV cache's (key dtypes, value dtypes) at the last decoder call of generate_groups in each cache
-    mode, under the run's autocast (--dtype auto), and the seconds each took."""
+    """The KV cache's (key dtypes, value dtypes) at the last decoder call of generate_groups in each
+    cache mode, under the run's autocast (--dtype auto), and the seconds each took."""
     policy, tok = models.load_model(folder, device=device)
     records, report = [], {}
 
     def record(module, args_, kwargs, output):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layers = [x for x in getattr(cache, "layers", []) if getattr(x, "keys", None) is not None]
-        records.append(([str(x.keys.dtype) for x in layers[:1]], [str(x.values.dtype) for x in layers[:1]]))
+        records.append(([str(x.keys.dtype) for x in layers[:1]],
+                        [str(x.values.dtype) for x in layers[:1]]))
     handle = policy.get_decoder().register_forward_hook(record, with_kwargs=True)
-    prompts = [format_prompt(tok, q) for q in ("What is 2 + 3?", "Tom has 7 apples and eats 2. How many are left?")]
+    prompts = [format_prompt(tok, q) for q in ("What is 2 + 3?",
+                                               "Tom has 7 apples and eats 2. How many are left?")]
     for mode in rollout.CACHES:
         records.clear()
         t0 = time.time()
@@ -124,40 +136,44 @@ def cache_dtypes(device):
             rollout.generate_groups(policy, tok, prompts, 2, 16, seed=0, cache=mode)
         if cuda:
             torch.cuda.synchronize()
-        report[mode] = {"keys": records[-1][0], "values": records[-1][1], "seconds": time.time() - t0}
+        report[mode] = {"keys": records[-1][0], "values": records[-1][1],
+                        "seconds": time.time() - t0}
     handle.remove()
     del policy
     return report
 
 
 def report(summary, part):
-    """Write summary.json as it stands and print `part`'s figures in a few lines: a check cut short by a
-    time limit still leaves what it measured."""
+    """Write summary.json as it stands and print `part`'s figures in a few lines: a check cut short
+    by a time limit still leaves what it measured."""
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     r = summary[part]
     if part == "kv_cache":
-        print("kv cache (keys, values, seconds):", {m: (v["keys"], v["values"], round(v["seconds"], 1))
-                                                     for m, v in r.items()}, flush=True)
+        caches = {m: (v["keys"], v["values"], round(v["seconds"], 1)) for m, v in r.items()}
+        print("kv cache (keys, values, seconds):", caches, flush=True)
         return
-    print(f"{part}: peak GPU memory allocated {r['peak_allocated_gib']} GiB, reserved {r['peak_reserved_gib']} GiB; "
-          f"{r['wall_seconds_with_evals_and_save']:.0f} s with evaluations", flush=True)
+    print(f"{part}: peak GPU memory allocated {r['peak_allocated_gib']} GiB, reserved "
+          f"{r['peak_reserved_gib']} GiB; {r['wall_seconds_with_evals_and_save']:.0f} s with "
+          "evaluations", flush=True)
     for row in r["steps"]:
-        print(f"  step {row['step']}: ratio first mini-batch {row['ratio_first']} clip {row['clip_first']} | all "
-              f"mini-batches {row['ratio_min']}-{row['ratio_max']} clip {row['clip_frac']} | gen {row['t_gen']:.1f}s "
-              f"upd {row['t_upd']:.1f}s", flush=True)
+        print(f"  step {row['step']}: ratio first mini-batch {row['ratio_first']} clip "
+              f"{row['clip_first']} | all mini-batches {row['ratio_min']}-{row['ratio_max']} clip "
+              f"{row['clip_frac']} | gen {row['t_gen']:.1f}s upd {row['t_upd']:.1f}s", flush=True)
 
 
-small = ["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "16", "--eval_size", "4"]
+small = ["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "16",
+         "--eval_size", "4"]
 train.score = bench_speed.coin_flip_score()  # see the docstring
 device = "cuda" if cuda else "cpu"
 summary = {
     "gpu": torch.cuda.get_device_name() if cuda else "none (CPU)", "torch": torch.__version__,
     "capability": list(torch.cuda.get_device_capability()) if cuda else None,
     "bf16_autocast": models.autocast_enabled(device, "auto"),  # --dtype auto on this device
-    "allocator_settings": torch._C._accelerator_getAllocatorSettings(),  # model.py's expandable_segments
+    "allocator_settings": torch._C._accelerator_getAllocatorSettings(),  # expandable_segments
 }
-print({k: summary[k] for k in ("gpu", "capability", "bf16_autocast", "allocator_settings")}, flush=True)
+print({k: summary[k] for k in ("gpu", "capability", "bf16_autocast", "allocator_settings")},
+      flush=True)
 summary["d3s"] = run("run", ["--steps", str(args.steps), "--eval_every", str(args.steps)])
 report(summary, "d3s")
 # one GSPO step: its clip range (3e-4 / 4e-4) is where a ratio that drifts from 1 under bf16 clips

@@ -1,36 +1,39 @@
 """
-GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU. experiments/speed.md
-("Memory by card size") holds this script's table and says which figure is measured and which counted.
+GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU.
+experiments/speed.md ("Memory by card size") holds this script's table and says which figure is
+measured and which counted.
 
-Not measured on a GPU yet. What train.py holds on a GPU is what it holds on a CPU under
-bf16 autocast: the same operators save the same tensors for backward, in the same dtypes. Attention,
-the one operator whose kernel differs, keeps the same things on both (the CPU's flash kernel and
-CUDA's memory-efficient one, which is what a padding mask gets: q, k and v, the output, the
-log-sum-exp, and the mask converted to bf16). So this script runs train.py's own functions
+Not measured on a GPU yet. What train.py holds on a GPU is what it holds on a CPU under bf16
+autocast: the same operators save the same tensors for backward, in the same dtypes. Attention, the
+one operator whose kernel differs, keeps the same things on both (the CPU's flash kernel and CUDA's
+memory-efficient one, which is what a padding mask gets: q, k and v, the output, the log-sum-exp,
+and the mask converted to bf16). So this script runs train.py's own functions
 (rollout.completion_hidden, rollout.head_logprobs, loss.backward(), rollout.generate_groups) under
-torch.autocast("cpu", bfloat16) on Qwen2.5-shaped models of 1 and 2 layers with random weights and the
-real vocabulary (151,936), at 1, 2 and 4 rollouts of the longest GSM8K prompt + 512 tokens, and reads
-every allocation and free from torch's profiler (profile_memory=True: torch's CPU allocator keeps no
-statistics of its own). A step's peak, phase by phase:
+torch.autocast("cpu", bfloat16) on Qwen2.5-shaped models of 1 and 2 layers with random weights and
+the real vocabulary (151,936), at 1, 2 and 4 rollouts of the longest GSM8K prompt + 512 tokens, and
+reads every allocation and free from torch's profiler (profile_memory=True: torch's CPU allocator
+keeps no statistics of its own). A step's peak, phase by phase:
 
   counted     weights, gradients and AdamW's two moments, float32: 16 bytes a parameter (12 between
-              steps, when the gradients are freed); autocast's bf16 copy of each matmul weight (2 bytes,
-              as measured)
+              steps, when the gradients are freed); autocast's bf16 copy of each matmul weight (2
+              bytes, as measured)
   measured    the activations a micro-batch keeps for backward, per token and layer: equal, to the
-              byte, to an inventory of every tensor autograd saves (layer_act_bytes), at Qwen2.5-0.5B's
-              width and at 1.5B's, so the inventory gives 7B's; the lm_head chunk's peak per position,
-              and the (V, H) float32 gradient it adds; a layer's backward; step 5's no-grad pass (the
-              decoder, then the head with the entropy); gradient checkpointing's activations and
-              recompute; a generate call's transient per row
-  checked     the KV cache, read from the generate call's own cache: 2 x kv_heads x head_dim x 2 bytes
-              per token and layer (bf16 keys and values)
-  computed    a whole model's figures from these (predict), and the settings for each card (settings_for)
+              byte, to an inventory of every tensor autograd saves (layer_act_bytes), at
+              Qwen2.5-0.5B's width and at 1.5B's, so the inventory gives 7B's; the lm_head chunk's
+              peak per position, and the (V, H) float32 gradient it adds; a layer's backward; step
+              5's no-grad pass (the decoder, then the head with the entropy); gradient
+              checkpointing's activations and recompute; a generate call's transient per row
+  checked     the KV cache, read from the generate call's own cache: 2 x kv_heads x head_dim x 2
+              bytes per token and layer (bf16 keys and values)
+  computed    a whole model's figures from these (predict), and the settings for each card
+              (settings_for)
 
-    python experiments/memory.py                        # one thread, about 3 minutes, 7.5 GB of RAM at most
-    python experiments/memory.py --json out/memory.json # also write every measurement and the table
-    python experiments/memory.py --table out/memory.json # the table again from those measurements, at once
-    python experiments/memory.py --rss_check            # the profiler's peak against a fresh process's RSS (30 s)
-    python experiments/memory.py --tokenizer DIR --data_dir DIR   # where ../shared is absent (defaults: ../shared)
+    python experiments/memory.py                          # one thread, about 3 minutes, 7.5 GB RAM
+    python experiments/memory.py --json out/memory.json   # also every measurement and the table
+    python experiments/memory.py --table out/memory.json  # the table again from those, at once
+    python experiments/memory.py --rss_check   # the profiler's peak against a fresh process's RSS
+    # where ../shared is absent (the defaults are ../shared's)
+    python experiments/memory.py --tokenizer DIR --data_dir DIR
 """
 import argparse
 import json
@@ -45,14 +48,18 @@ GiB = 2 ** 30
 
 # The published config.json of each model: all Qwen2 (GQA, biases on q/k/v, SwiGLU MLP, RMSNorm).
 SHAPES = {
-    "Qwen2.5-0.5B": dict(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, tied=True),
-    "Qwen2.5-1.5B": dict(vocab=151936, hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, tied=True),
-    "Qwen2.5-7B": dict(vocab=152064, hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, tied=False),
+    "Qwen2.5-0.5B": dict(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14,
+                         kv_heads=2, tied=True),
+    "Qwen2.5-1.5B": dict(vocab=151936, hidden=1536, intermediate=8960, layers=28, heads=12,
+                         kv_heads=2, tied=True),
+    "Qwen2.5-7B": dict(vocab=152064, hidden=3584, intermediate=18944, layers=28, heads=28,
+                       kv_heads=4, tied=False),
 }
 CARDS_GIB = (80, 40, 24, 16)
-# [ours] What a card must keep free beside the predicted peak: the CUDA context and cuBLAS workspaces
-# (0.5-1 GB, outside torch's counters), and a tenth for the caching allocator's fragmentation and what
-# this count leaves out (small tensors, the optimizer's per-parameter scalars, the log's bookkeeping).
+# [ours] What a card must keep free beside the predicted peak: the CUDA context and cuBLAS
+# workspaces (0.5-1 GB, outside torch's counters), and a tenth for the caching allocator's
+# fragmentation and what this count leaves out (small tensors, the optimizer's per-parameter
+# scalars, the log's bookkeeping).
 RESERVE_GIB, HEADROOM = 1.0, 0.10
 
 
@@ -61,28 +68,33 @@ def head_dim(s):
 
 
 def layer_params(s):
-    """Parameters of one decoder layer: q/k/v (with bias), o, the SwiGLU MLP, two RMSNorm weights."""
-    H, I, q, kv = s["hidden"], s["intermediate"], s["heads"] * head_dim(s), s["kv_heads"] * head_dim(s)
+    """Parameters of one decoder layer: q/k/v (with bias), o, the SwiGLU MLP, two RMSNorm
+    weights."""
+    H, I = s["hidden"], s["intermediate"]
+    q, kv = s["heads"] * head_dim(s), s["kv_heads"] * head_dim(s)
     return (H * q + q) + 2 * (H * kv + kv) + q * H + 3 * H * I + 2 * H
 
 
 def param_count(s):
-    """All parameters: the embedding, the layers, the final norm, and the lm_head unless it is tied."""
+    """All parameters: the embedding, the layers, the final norm, and the lm_head unless it is
+    tied."""
     embed = s["vocab"] * s["hidden"]
     return embed + s["layers"] * layer_params(s) + s["hidden"] + (0 if s["tied"] else embed)
 
 
 def layer_act_bytes(s, length):
-    """Bytes one decoder layer keeps for backward per token, under bf16 autocast with float32 weights
-    and residual stream, for rows of `length` tokens with a padding mask (every real batch has one).
+    """Bytes one decoder layer keeps for backward per token, under bf16 autocast with float32
+    weights and residual stream, for rows of `length` tokens with a padding mask (every real batch
+    has one).
     The inventory of what autograd saves (tests/test_memory.py checks it against a measurement):
       2 RMSNorms        8H + 4 each: the float32 input and normalised input, and 1 / rms
       5 matmul inputs   2H each: q, k, v, gate and up each cast their own bf16 copy of the input
       attention         2 x nh x d each for q, k and v (k, v repeated to all heads: with a mask,
-                        transformers calls SDPA without enable_gqa), and for the output, which o_proj
-                        reuses; 4 x nh for the log-sum-exp; 2 x length for the mask, converted to bf16
-                        by every layer's SDPA
-      MLP               2I each: gate's output, silu's output, up's output, their product (down's input)
+                        transformers calls SDPA without enable_gqa), and for the output, which
+                        o_proj reuses; 4 x nh for the log-sum-exp; 2 x length for the mask,
+                        converted to bf16 by every layer's SDPA
+      MLP               2I each: gate's output, silu's output, up's output, their product (down's
+                        input)
     """
     H, I, nh, d = s["hidden"], s["intermediate"], s["heads"], head_dim(s)
     return 2 * (8 * H + 4) + 5 * 2 * H + 4 * 2 * nh * d + 4 * nh + 2 * length + 4 * 2 * I
@@ -101,14 +113,15 @@ def kv_bytes_per_token(s, key_bytes=2, value_bytes=2):
 
 def predict(s, micro_batch_size, logprob_chunk, gradient_checkpointing, gen_rows, m, prompt_len=240,
             new_tokens=512, updates_per_batch=4):
-    """Peak bytes of each phase of a train.py step for model shape s, from the measured coefficients m
-    (measure() returns them, each per position, row or token in units of the vocabulary V, the width H
-    or layer_act_bytes, so that it carries over to other model sizes). gen_rows: rows per generate call.
+    """Peak bytes of each phase of a train.py step for model shape s, from the measured
+    coefficients m (measure() returns them, each per position, row or token in units of the
+    vocabulary V, the width H or layer_act_bytes, so that it carries over to other model sizes).
+    gen_rows: rows per generate call.
       generate  step 1 and the held-out evaluation: weights and moments, autocast's bf16 copies (the
-                lm_head's too: generate's own head runs under autocast), then the larger of a prefill
-                of gen_rows prompts (evaluation's plain cache; sampling's prefix cache prefills 1 in G)
-                and the full KV cache of gen_rows rows of prompt_len + new_tokens with each row's decode
-                step (logits and sampler)
+                lm_head's too: generate's own head runs under autocast), then the larger of a
+                prefill of gen_rows prompts (evaluation's plain cache; sampling's prefix cache
+                prefills 1 in G) and the full KV cache of gen_rows rows of prompt_len + new_tokens
+                with each row's decode step (logits and sampler)
       no_grad   step 5 (logp_old and the entropy): the decoder's transient, then one head chunk with
                 the entropy
       update    step 7 on a micro-batch after the first of its mini-batch (the gradients exist). On
@@ -120,34 +133,41 @@ def predict(s, micro_batch_size, logprob_chunk, gradient_checkpointing, gen_rows
                 one micro-batch, step 5's head with the entropy runs on top of the activations too.
     Returns each phase's peak and the largest, in bytes."""
     V, H, N = s["vocab"], s["hidden"], param_count(s)
-    L = prompt_len + new_tokens  # a micro-batch of the longest rollouts: the longest prompt, all truncated
+    # a micro-batch of the longest rollouts: the longest prompt, all truncated
+    L = prompt_len + new_tokens
     n, tokens = micro_batch_size, micro_batch_size * L
     chunk = min(logprob_chunk, n * new_tokens)  # GRPO keeps every completion token: the worst case
     act = layer_act_bytes(s, L)
-    cache_layers = 2 * s["layers"] * layer_params(s)  # autocast's bf16 copies of the layers' weights
+    # autocast's bf16 copies of the layers' weights
+    cache_layers = 2 * s["layers"] * layer_params(s)
     weights_moments, grads = 12 * N, 4 * N
     prefill = gen_rows * prompt_len * (m["no_grad_decoder"] * act + kv_bytes_per_token(s))
     decode = gen_rows * (L * kv_bytes_per_token(s) + m["decode_per_row"] * V)
     gen = weights_moments + cache_layers + 2 * V * H + max(prefill, decode)
     entropy_head = chunk * m["entropy_head_per_position"] * V
-    no_grad = weights_moments + cache_layers + max(tokens * m["no_grad_decoder"] * act, entropy_head)
-    head = max(m["head_weight_grad"] * 4 * V * H + chunk * m["head_with_weight_grad_per_position"] * V,
+    no_grad = weights_moments + cache_layers + max(tokens * m["no_grad_decoder"] * act,
+                                                   entropy_head)
+    with_weight_grad = m["head_weight_grad"] * 4 * V * H
+    head = max(with_weight_grad + chunk * m["head_with_weight_grad_per_position"] * V,
                chunk * m["head_per_position"] * V)
     kind = "checkpointed" if gradient_checkpointing else "plain"
     per_layer = m["checkpointed_per_token"] * H if gradient_checkpointing else act
-    held = tokens * (base_act_bytes(s) + s["layers"] * per_layer) + n * new_tokens * 4 * H  # + the head's inputs
-    # a layer's backward: per token, plus (tied embeddings) the lm_head's (V, H) gradient, which autograd
-    # holds until the embedding's arrives to be summed with it, plus [ours, a bound] one layer's weight
-    # gradients in bf16 and float32 at once
+    # + the head's inputs
+    held = tokens * (base_act_bytes(s) + s["layers"] * per_layer) + n * new_tokens * 4 * H
+    # a layer's backward: per token, plus (tied embeddings) the lm_head's (V, H) gradient, which
+    # autograd holds until the embedding's arrives to be summed with it, plus [ours, a bound] one
+    # layer's weight gradients in bf16 and float32 at once
     layer_backward = (tokens * m[kind + "_backward"] * act + (4 * V * H if s["tied"] else 0)
                       + 6 * layer_params(s))
     moments = [held + head, held + layer_backward, m["embedding_backward"] * 4 * V * H]
     if updates_per_batch == 1:
         moments.append(held + entropy_head)
     update = weights_moments + grads + cache_layers + max(moments)
-    return {"generate": gen, "no_grad": no_grad, "update": update, "peak": max(gen, no_grad, update),
-            "parts": {"weights, gradients, moments": weights_moments + grads, "bf16 copies": cache_layers,
-                      "activations": held, "head chunk": head, "a layer's backward": layer_backward,
+    return {"generate": gen, "no_grad": no_grad, "update": update,
+            "peak": max(gen, no_grad, update),
+            "parts": {"weights, gradients, moments": weights_moments + grads,
+                      "bf16 copies": cache_layers, "activations": held, "head chunk": head,
+                      "a layer's backward": layer_backward,
                       "KV cache": gen_rows * L * kv_bytes_per_token(s)}}
 
 
@@ -158,22 +178,23 @@ def fits(peak_bytes, card_gib):
 
 def settings_for(s, card_gib, m, rollouts=256, checkpointing=(False, True), **lengths):
     """The settings for a card, or None when nothing fits. [ours] In this order of preference: no
-    gradient checkpointing (it runs every layer's forward twice), then the largest micro-batch, then the
-    largest lm_head chunk (it barely changes the time); the largest generate call that fits (0 = all
-    rollouts at once)."""
+    gradient checkpointing (it runs every layer's forward twice), then the largest micro-batch, then
+    the largest lm_head chunk (it barely changes the time); the largest generate call that fits (0 =
+    all rollouts at once)."""
     for gc in checkpointing:
         for micro in (16, 8, 4, 2, 1):
             for chunk in (4096, 2048, 1024, 512, 256):
                 for gen in (0, 128, 64, 32, 16):
                     p = predict(s, micro, chunk, gc, gen or rollouts, m, **lengths)
                     if fits(p["peak"], card_gib):
-                        return {"micro_batch_size": micro, "gen_batch_size": gen, "logprob_chunk": chunk,
-                                "gradient_checkpointing": gc, **p}
+                        return {"micro_batch_size": micro, "gen_batch_size": gen,
+                                "logprob_chunk": chunk, "gradient_checkpointing": gc, **p}
     return None
 
 
 # -----------------------------------------------------------------------------
-# measuring: train.py's functions on a CPU under bf16 autocast, every allocation read from the profiler
+# measuring: train.py's functions on a CPU under bf16 autocast, every allocation read from the
+# profiler
 
 
 def build(layers, shape):
@@ -187,8 +208,8 @@ def build(layers, shape):
     config = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
                          intermediate_size=shape["intermediate"], num_hidden_layers=layers,
                          num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         tie_word_embeddings=shape["tied"],
-                         max_position_embeddings=32768, rope_theta=1e6, bos_token_id=151643 if qwen else None,
+                         tie_word_embeddings=shape["tied"], max_position_embeddings=32768,
+                         rope_theta=1e6, bos_token_id=151643 if qwen else None,
                          eos_token_id=151643 if qwen else None)
     model = Qwen2ForCausalLM(config).train()
     if qwen:
@@ -201,7 +222,8 @@ def build(layers, shape):
 
 def timeline(fn):
     """Run fn under the profiler -> ([(time, bytes)] sorted: +allocated, -freed) and {mark: time}.
-    Only what fn allocates counts (the weights and gradients allocated before are not in the figures)."""
+    Only what fn allocates counts (the weights and gradients allocated before are not in the
+    figures)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
@@ -219,7 +241,8 @@ def mark(name):
 
 
 def peak(memory, start=None, end=None):
-    """The largest total allocated (since the profiler started) at any event between start and end."""
+    """The largest total allocated (since the profiler started) at any event between start and
+    end."""
     total, top = 0, 0
     for t, nbytes in memory:
         total += nbytes
@@ -237,7 +260,8 @@ def batch(rows, prompt_len, new_tokens, vocab, kept, seed=0):
     """(input_ids, attention_mask, keep) for `rows` rollouts: row i's prompt is 8 i tokens shorter
     (left padding), every completion runs to new_tokens (the worst case) but row 0's, which stops 8
     tokens early, and `kept` completion positions are asked for. A batch with padding is the worst
-    case: without any, transformers passes no mask and attention keeps neither it nor repeated keys."""
+    case: without any, transformers passes no mask and attention keeps neither it nor repeated
+    keys."""
     import torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, prompt_len + new_tokens), generator=g)
@@ -257,17 +281,20 @@ def update_step(model, ids, mask, keep, prompt_len, chunk):
     import torch
     from rollout import completion_hidden, head_logprobs
 
-    def on_embedding(module, args, out):  # its output's gradient comes last: the decoder's backward is done
+    # the embedding output's gradient comes last: then the decoder's backward is done
+    def on_embedding(module, args, out):
         out.register_hook(lambda g: mark("decoder_backward"))
 
     hook = model.get_input_embeddings().register_forward_hook(on_embedding)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = completion_hidden(model, ids, mask, prompt_len)
-        hidden.register_hook(lambda g: mark("head_backward"))  # its gradient is complete: the head is done
+        # its gradient is complete: the head is done
+        hidden.register_hook(lambda g: mark("head_backward"))
         logp, _ = head_logprobs(model, hidden, ids[:, prompt_len:], keep, 1.0, False, chunk)
     hook.remove()
     mark("forward")
-    (-logp.sum() / keep.sum()).backward()  # d3s.policy_loss's memory is a few (n, T) floats: nothing here
+    # d3s.policy_loss's memory is a few (n, T) floats: nothing here
+    (-logp.sum() / keep.sum()).backward()
 
 
 def measure_update(model, rows, prompt_len, new_tokens, kept, chunk):
@@ -284,8 +311,9 @@ def measure_update(model, rows, prompt_len, new_tokens, kept, chunk):
 
 
 def measure_no_grad(model, rows, prompt_len, new_tokens, kept, chunk):
-    """Step 5 (train.entropy_and_old_logp with K > 1) on one micro-batch: the decoder without gradient,
-    then the head with the entropy. -> bytes above what existed before: decoder (its most), head (its most)."""
+    """Step 5 (train.entropy_and_old_logp with K > 1) on one micro-batch: the decoder without
+    gradient, then the head with the entropy. -> bytes above what existed before: decoder (its
+    most), head (its most)."""
     import torch
     from rollout import completion_hidden, head_logprobs
     ids, mask, keep = batch(rows, prompt_len, new_tokens, model.config.vocab_size, kept)
@@ -297,12 +325,13 @@ def measure_no_grad(model, rows, prompt_len, new_tokens, kept, chunk):
             head_logprobs(model, hidden, ids[:, prompt_len:], keep, 1.0, True, chunk)
 
     memory, t = timeline(step)
-    return {"decoder": peak(memory, end=t["decoder"]), "head": peak(memory, t["decoder"]) - level(memory, t["decoder"])}
+    return {"decoder": peak(memory, end=t["decoder"]),
+            "head": peak(memory, t["decoder"]) - level(memory, t["decoder"])}
 
 
 def measure_head(model, positions, chunk):
-    """The lm_head alone in the gradient pass (rollout.head_logprobs and its backward), on random hidden
-    states of `positions` positions. -> the most it allocates."""
+    """The lm_head alone in the gradient pass (rollout.head_logprobs and its backward), on random
+    hidden states of `positions` positions. -> the most it allocates."""
     import torch
     from rollout import head_logprobs
     g = torch.Generator().manual_seed(0)
@@ -330,17 +359,18 @@ def measure_generate(model, tokenizer, prompts, group_size, new_tokens):
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            rollout.generate_groups(model, tokenizer, prompts, group_size, new_tokens, seed=0, record_entropy=True)
+            rollout.generate_groups(model, tokenizer, prompts, group_size, new_tokens, seed=0,
+                                    record_entropy=True)
 
     rollout.prefill = keep_cache
     try:
         memory, _ = timeline(step)
     finally:
         rollout.prefill = prefill
-    kv = sum(t.nbytes for layer in caches[0].layers for t in (layer.keys, layer.values))
+    kv_tensors = [t for layer in caches[0].layers for t in (layer.keys, layer.values)]
     tokens = caches[0].layers[0].keys.shape[0] * caches[0].layers[0].keys.shape[2]  # rows x length
-    return {"peak": peak(memory), "kv": kv, "kv_tokens": tokens,
-            "kv_dtypes": sorted({str(t.dtype) for layer in caches[0].layers for t in (layer.keys, layer.values)})}
+    return {"peak": peak(memory), "kv": sum(t.nbytes for t in kv_tensors), "kv_tokens": tokens,
+            "kv_dtypes": sorted({str(t.dtype) for t in kv_tensors})}
 
 
 RSS_CASE = dict(layers=2, rows=4, prompt_len=240, new_tokens=512, kept=64, chunk=4096)
@@ -357,22 +387,26 @@ def rss_step():
     torch.set_num_threads(1)
     c = RSS_CASE
     model = build(c["layers"], SHAPES["Qwen2.5-0.5B"])
-    ids, mask, keep = batch(c["rows"], c["prompt_len"], c["new_tokens"], model.config.vocab_size, c["kept"])
+    ids, mask, keep = batch(c["rows"], c["prompt_len"], c["new_tokens"], model.config.vocab_size,
+                            c["kept"])
     for _ in range(2):
         with open("/proc/self/statm") as f:
             before = int(f.read().split()[1]) * resource.getpagesize()  # resident now
         update_step(model, ids, mask, keep, c["prompt_len"], c["chunk"])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # ru_maxrss: kilobytes on Linux
+    # ru_maxrss: kilobytes on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
 
 
 def rss_check():
-    """The profiler's peak for RSS_CASE against rss_step's in a fresh process. -> (profiler, resident), bytes."""
+    """The profiler's peak for RSS_CASE against rss_step's in a fresh process. -> (profiler,
+    resident), bytes."""
     import subprocess
-    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss_step"], capture_output=True, text=True,
-                         check=True, env=dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072"))
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss_step"],
+                         capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072"))
     c = RSS_CASE
-    got = measure_update(build(c["layers"], SHAPES["Qwen2.5-0.5B"]), c["rows"], c["prompt_len"], c["new_tokens"],
-                         c["kept"], c["chunk"])
+    got = measure_update(build(c["layers"], SHAPES["Qwen2.5-0.5B"]), c["rows"], c["prompt_len"],
+                         c["new_tokens"], c["kept"], c["chunk"])
     return max(got["head"], got["decoder"], got["embedding"]), int(run.stdout.split()[-1])
 
 
@@ -391,7 +425,8 @@ def prompt_lengths(tokenizer, data_dir):
     """Token counts of every GSM8K train prompt as train.py formats it (data.format_prompt)."""
     from machinery.data import format_prompt, load_problems
     rows = load_problems("gsm8k", "train", data_dir=data_dir)
-    return [len(x) for x in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows])["input_ids"]]
+    prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
+    return [len(x) for x in tokenizer(prompts)["input_ids"]]
 
 
 def measure(tokenizer, data_dir, log=print):
@@ -401,10 +436,12 @@ def measure(tokenizer, data_dir, log=print):
     s = SHAPES["Qwen2.5-0.5B"]
     V, H = s["vocab"], s["hidden"]
     lengths = sorted(prompt_lengths(tokenizer, data_dir))
-    P, T = lengths[-1], 512  # the longest prompt and a completion cut at max_new_tokens: the longest micro-batch
+    # the longest prompt and a completion cut at max_new_tokens: the longest micro-batch
+    P, T = lengths[-1], 512
     L = P + T
-    log(f"GSM8K train prompts with the chat template: mean {sum(lengths) / len(lengths):.0f} tokens, "
-        f"99th percentile {lengths[int(0.99 * len(lengths))]}, longest {P}: rollouts of {L} tokens")
+    log(f"GSM8K train prompts with the chat template: mean {sum(lengths) / len(lengths):.0f} "
+        f"tokens, 99th percentile {lengths[int(0.99 * len(lengths))]}, longest {P}: rollouts of "
+        f"{L} tokens")
     out, m = {"prompt_len": P, "new_tokens": T, "length": L}, {}
     MiB = 2 ** 20
 
@@ -431,8 +468,9 @@ def measure(tokenizer, data_dir, log=print):
     def backward_bound(got, shape, kind):
         """How far predict()'s bound on a layer's backward lies above each measured one, in MiB."""
         V_, H_, act = shape["vocab"], shape["hidden"], layer_act_bytes(shape, L)
-        return [round((rows * L * m[kind + "_backward"] * act + 4 * V_ * H_ * shape["tied"] + 6 * layer_params(shape)
-                       - (r["decoder"] - r["held"])) / MiB, 1) for (layers, rows), r in sorted(got.items())]
+        grads = 4 * V_ * H_ * shape["tied"] + 6 * layer_params(shape)  # lm_head and layer grads
+        return [round((rows * L * m[kind + "_backward"] * act + grads - (r["decoder"] - r["held"]))
+                      / MiB, 1) for (layers, rows), r in sorted(got.items())]
 
     # 1. the activations, and a layer's backward: 1 and 2 layers, 1, 2 and 4 rollouts
     t0 = time.time()
@@ -440,18 +478,21 @@ def measure(tokenizer, data_dir, log=print):
     a, b, w, c, residual = fit_layers({k: v["held"] for k, v in got.items()})
     m["plain_backward"] = backward_fit(got, 2, s)
     out["update"] = {str(k): v for k, v in got.items()}
-    out["activations"] = {"per_layer_per_token": a / L, "inventory": layer_act_bytes(s, L), "base_per_token": b / L,
-                          "base_inventory": base_act_bytes(s), "bf16_weights_per_layer": w,
-                          "counted": 2 * layer_params(s), "fit_residual": residual}
+    out["activations"] = {"per_layer_per_token": a / L, "inventory": layer_act_bytes(s, L),
+                          "base_per_token": b / L, "base_inventory": base_act_bytes(s),
+                          "bf16_weights_per_layer": w, "counted": 2 * layer_params(s),
+                          "fit_residual": residual}
     log(f"activations ({time.time() - t0:.0f} s): {a / L:.0f} bytes per token and layer (inventory "
-        f"{layer_act_bytes(s, L)}), {b / L:.0f} outside the layers (inventory {base_act_bytes(s)}); bf16 "
-        f"weights {w / MiB:.1f} MiB a layer (counted {2 * layer_params(s) / MiB:.1f}); fit within "
-        f"{residual / MiB:.2f} MiB. A layer's backward adds {m['plain_backward']:.3f} x its activations a "
-        f"token; the bound lies above each measurement by {backward_bound(got, s, 'plain')} MiB")
+        f"{layer_act_bytes(s, L)}), {b / L:.0f} outside the layers (inventory "
+        f"{base_act_bytes(s)}); bf16 weights {w / MiB:.1f} MiB a layer (counted "
+        f"{2 * layer_params(s) / MiB:.1f}); fit within {residual / MiB:.2f} MiB. A layer's "
+        f"backward adds {m['plain_backward']:.3f} x its activations a token; the bound lies above "
+        f"each measurement by {backward_bound(got, s, 'plain')} MiB")
 
-    # 2. the lm_head in the gradient pass. At the real width, few positions: the moment its (V, H) float32
-    # gradient is made. Alone on a 64-wide head (the (V, H) terms are then small), 256 and 1024 positions:
-    # the log-softmax's backward, which decides at the default 4096; and 1024 in chunks of 256.
+    # 2. the lm_head in the gradient pass. At the real width, few positions: the moment its (V, H)
+    # float32 gradient is made. Alone on a 64-wide head (the (V, H) terms are then small), 256 and
+    # 1024 positions: the log-softmax's backward, which decides at the default 4096; and 1024 in
+    # chunks of 256.
     t0, model = time.time(), build(1, s)
     fixed = {}
     for kept in (64, 256):
@@ -459,40 +500,47 @@ def measure(tokenizer, data_dir, log=print):
         fixed[kept] = r["head"] - r["held"]
     out["embedding_backward"] = r["embedding"]
     m["head_with_weight_grad_per_position"] = (fixed[256] - fixed[64]) / 192 / V
-    m["head_weight_grad"] = (fixed[64] - 64 * m["head_with_weight_grad_per_position"] * V) / (4 * V * H)
+    m["head_weight_grad"] = ((fixed[64] - 64 * m["head_with_weight_grad_per_position"] * V)
+                             / (4 * V * H))
     m["embedding_backward"] = r["embedding"] / (4 * V * H)
     narrow = build(1, dict(s, hidden=64, intermediate=128, heads=4, kv_heads=2))
-    alone = {(n, c): measure_head(narrow, n, c) for n, c in ((256, 4096), (1024, 4096), (1024, 256))}
+    alone = {(n, c): measure_head(narrow, n, c)
+             for n, c in ((256, 4096), (1024, 4096), (1024, 256))}
     m["head_per_position"] = (alone[1024, 4096] - alone[256, 4096]) / 768 / V
     out["head"] = {"real_width": fixed, "narrow": {str(k): v for k, v in alone.items()}}
-    log(f"lm_head, gradient pass ({time.time() - t0:.0f} s): {m['head_per_position']:.2f} V bytes a position "
-        f"({m['head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096; 1024 positions in chunks of 256: "
-        f"{alone[1024, 256] / MiB:.0f} MiB, 256 in one: {alone[256, 4096] / MiB:.0f} MiB), or its (V, H) gradient "
-        f"({m['head_weight_grad']:.2f} x 4VH) with {m['head_with_weight_grad_per_position']:.2f} V bytes a "
-        f"position; the embedding's backward {r['embedding'] / MiB:.0f} MiB ({m['embedding_backward']:.2f} x 4VH)")
+    log(f"lm_head, gradient pass ({time.time() - t0:.0f} s): {m['head_per_position']:.2f} V bytes "
+        f"a position ({m['head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096; 1024 positions in "
+        f"chunks of 256: {alone[1024, 256] / MiB:.0f} MiB, 256 in one: "
+        f"{alone[256, 4096] / MiB:.0f} MiB), or its (V, H) gradient ({m['head_weight_grad']:.2f} "
+        f"x 4VH) with {m['head_with_weight_grad_per_position']:.2f} V bytes a position; the "
+        f"embedding's backward {r['embedding'] / MiB:.0f} MiB ({m['embedding_backward']:.2f} "
+        "x 4VH)")
 
-    # 3. step 5's no-grad pass: the decoder's transient per token, the head with the entropy per position
+    # 3. step 5's no-grad pass: the decoder's transient per token, the head with the entropy a
+    # position
     t0, e = time.time(), {}
     for rows, kept in ((1, 64), (2, 64), (2, 256)):
         e[rows, kept] = measure_no_grad(model, rows, P, T, kept, 4096)
     m["no_grad_decoder"] = (e[2, 64]["decoder"] - e[1, 64]["decoder"]) / L / layer_act_bytes(s, L)
     m["entropy_head_per_position"] = (e[2, 256]["head"] - e[2, 64]["head"]) / 192 / V
     out["no_grad"] = {str(k): v for k, v in e.items()}
-    log(f"no-grad pass ({time.time() - t0:.0f} s): decoder {m['no_grad_decoder']:.3f} x a layer's activations "
-        f"a token; head with the entropy {m['entropy_head_per_position']:.2f} V bytes a position "
-        f"({m['entropy_head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096)")
+    log(f"no-grad pass ({time.time() - t0:.0f} s): decoder {m['no_grad_decoder']:.3f} x a layer's "
+        f"activations a token; head with the entropy {m['entropy_head_per_position']:.2f} V bytes "
+        f"a position ({m['entropy_head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096)")
     del model
 
     # 4. gradient checkpointing: what each layer keeps, and a layer's recompute and backward
     t0 = time.time()
     gc = layers_and_rows(s, (1, 2), (1, 2, 4), checkpointing=True)
-    per_layer = ((gc[2, 4]["held"] - gc[2, 1]["held"]) - (gc[1, 4]["held"] - gc[1, 1]["held"])) / (3 * L)
+    rise = (gc[2, 4]["held"] - gc[2, 1]["held"]) - (gc[1, 4]["held"] - gc[1, 1]["held"])
+    per_layer = rise / (3 * L)
     m["checkpointed_per_token"] = per_layer / H
     m["checkpointed_backward"] = backward_fit(gc, 2, s)
     out["checkpointing"] = {str(k): v for k, v in gc.items()}
-    log(f"gradient checkpointing ({time.time() - t0:.0f} s): {per_layer / H:.2f} H bytes a token and layer kept; "
-        f"a layer's recompute and backward add {m['checkpointed_backward']:.3f} x its activations a token; the "
-        f"bound lies above each measurement by {backward_bound(gc, s, 'checkpointed')} MiB")
+    log(f"gradient checkpointing ({time.time() - t0:.0f} s): {per_layer / H:.2f} H bytes a token "
+        f"and layer kept; a layer's recompute and backward add {m['checkpointed_backward']:.3f} x "
+        f"its activations a token; the bound lies above each measurement by "
+        f"{backward_bound(gc, s, 'checkpointed')} MiB")
 
     # 5. generation: the KV cache read from generate's own cache, and the transient per row
     t0, model = time.time(), build(1, s)
@@ -502,15 +550,17 @@ def measure(tokenizer, data_dir, log=print):
     g = {rows: measure_generate(model, tokenizer, prompts, rows // 2, 16) for rows in (8, 16)}
     kv_token = g[16]["kv"] / g[16]["kv_tokens"]  # one layer
     m["decode_per_row"] = ((g[16]["peak"] - g[16]["kv"]) - (g[8]["peak"] - g[8]["kv"])) / 8 / V
-    out["generate"] = {"kv_per_token_per_layer": kv_token, "counted": kv_bytes_per_token(s) / s["layers"],
+    out["generate"] = {"kv_per_token_per_layer": kv_token,
+                       "counted": kv_bytes_per_token(s) / s["layers"],
                        "raw": {str(k): v for k, v in g.items()}}
     log(f"generation ({time.time() - t0:.0f} s): KV cache {kv_token:.0f} bytes a token and layer "
         f"({', '.join(g[16]['kv_dtypes'])}; counted {kv_bytes_per_token(s) // s['layers']}); "
-        f"{m['decode_per_row']:.1f} V bytes a row besides ({m['decode_per_row'] * V * 256 / GiB:.2f} GiB "
-        f"for 256 rows)")
+        f"{m['decode_per_row']:.1f} V bytes a row besides "
+        f"({m['decode_per_row'] * V * 256 / GiB:.2f} GiB for 256 rows)")
     del model
 
-    # 6. the inventory and a layer's backward at Qwen2.5-1.5B's width (1 and 2 layers, 1 and 2 rollouts)
+    # 6. the inventory and a layer's backward at Qwen2.5-1.5B's width (1 and 2 layers, 1 and 2
+    # rollouts)
     t0, s15 = time.time(), SHAPES["Qwen2.5-1.5B"]
     got = layers_and_rows(s15, (1, 2), (1, 2))
     a15 = fit_layers({k: v["held"] for k, v in got.items()})[0]
@@ -519,30 +569,35 @@ def measure(tokenizer, data_dir, log=print):
     out["width_1.5B"] = {"per_layer_per_token": a15 / L, "inventory": layer_act_bytes(s15, L),
                          "backward": backward15, "raw": {str(k): v for k, v in got.items()}}
     log(f"Qwen2.5-1.5B's width ({time.time() - t0:.0f} s): {a15 / L:.0f} bytes per token and layer "
-        f"(inventory {layer_act_bytes(s15, L)}); a layer's backward adds {backward15:.3f} x its activations a "
-        f"token (1 and 2 rollouts), the bound with 0.5B's slope lies above by {bound15} MiB")
+        f"(inventory {layer_act_bytes(s15, L)}); a layer's backward adds {backward15:.3f} x its "
+        f"activations a token (1 and 2 rollouts), the bound with 0.5B's slope lies above by "
+        f"{bound15} MiB")
     out["coefficients"] = m
     return out
 
 
 def table(coefficients, prompt_len, new_tokens, log=print):
-    """The settings and predicted peaks of every model size and card, as experiments/speed.md prints them."""
+    """The settings and predicted peaks of every model size and card, as experiments/speed.md prints
+    them."""
     rows, lengths = [], dict(prompt_len=prompt_len, new_tokens=new_tokens)
 
     def line(got):
-        return (f"--micro_batch_size {got['micro_batch_size']} --gen_batch_size {got['gen_batch_size']} "
-                f"--logprob_chunk {got['logprob_chunk']} --gradient_checkpointing "
-                f"{str(got['gradient_checkpointing']).lower()}: peak {got['peak'] / GiB:.1f} GiB (generate "
-                f"{got['generate'] / GiB:.1f}, no-grad {got['no_grad'] / GiB:.1f}, update {got['update'] / GiB:.1f})")
+        return (f"--micro_batch_size {got['micro_batch_size']} --gen_batch_size "
+                f"{got['gen_batch_size']} --logprob_chunk {got['logprob_chunk']} "
+                f"--gradient_checkpointing {str(got['gradient_checkpointing']).lower()}: peak "
+                f"{got['peak'] / GiB:.1f} GiB (generate {got['generate'] / GiB:.1f}, no-grad "
+                f"{got['no_grad'] / GiB:.1f}, update {got['update'] / GiB:.1f})")
 
     for name, s in SHAPES.items():
         default = predict(s, 16, 4096, False, 256, coefficients, **lengths)
         k1 = predict(s, 16, 4096, False, 256, coefficients, updates_per_batch=1, **lengths)
-        log(f"\n{name}: {param_count(s) / 1e9:.2f}B parameters, {16 * param_count(s) / GiB:.1f} GiB of weights, "
-            f"gradients and AdamW moments; the defaults (micro 16, chunk 4096, all 256 rollouts per generate "
-            f"call) peak at {default['peak'] / GiB:.1f} GiB (generate {default['generate'] / GiB:.1f}, no-grad "
-            f"{default['no_grad'] / GiB:.1f}, update {default['update'] / GiB:.1f}; {k1['peak'] / GiB:.1f} with "
-            f"K = 1 and one micro-batch)\n  their parts, GiB: "
+        log(f"\n{name}: {param_count(s) / 1e9:.2f}B parameters, "
+            f"{16 * param_count(s) / GiB:.1f} GiB of weights, gradients and AdamW moments; the "
+            "defaults (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
+            f"{default['peak'] / GiB:.1f} GiB (generate "
+            f"{default['generate'] / GiB:.1f}, no-grad {default['no_grad'] / GiB:.1f}, update "
+            f"{default['update'] / GiB:.1f}; {k1['peak'] / GiB:.1f} with K = 1 and one "
+            f"micro-batch)\n  their parts, GiB: "
             + ", ".join(f"{k} {v / GiB:.2f}" for k, v in default["parts"].items()))
         for card in CARDS_GIB:
             got = settings_for(s, card, coefficients, **lengths)
@@ -559,16 +614,20 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    parser.add_argument("--tokenizer", default=os.path.join(here, "..", "shared", "tokenizers", "qwen2.5"),
+    parser.add_argument("--tokenizer", default=os.path.join(here, "..", "shared", "tokenizers",
+                                                            "qwen2.5"),
                         help="the Qwen2.5 tokenizer (a folder or hub id)")
     parser.add_argument("--data_dir", default=os.path.join(here, "..", "shared", "data"),
                         help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
     parser.add_argument("--json", default="", help="also write the measurements and the table here")
     parser.add_argument("--rss_check", action="store_true",
-                        help="only compare the profiler's peak with a fresh process's resident memory (30 s)")
-    parser.add_argument("--rss_step", action="store_true", help=argparse.SUPPRESS)  # rss_check's fresh process
-    parser.add_argument("--table", default="", help="only print the table from a --json file (no measuring): "
-                                                    "to try other margins (RESERVE_GIB, HEADROOM) or lengths")
+                        help="only compare the profiler's peak with a fresh process's resident "
+                             "memory (30 s)")
+    # --rss_check's fresh process
+    parser.add_argument("--rss_step", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--table", default="",
+                        help="only print the table from a --json file (no measuring): to try other "
+                             "margins (RESERVE_GIB, HEADROOM) or lengths")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.rss_step:
@@ -576,8 +635,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if args.rss_check:
         by_profiler, by_rss = rss_check()
-        print(f"{RSS_CASE}: the profiler's peak {by_profiler / 2 ** 20:.0f} MiB, the resident memory's rise in a "
-              f"fresh process without it {by_rss / 2 ** 20:.0f} MiB")
+        print(f"{RSS_CASE}: the profiler's peak {by_profiler / 2 ** 20:.0f} MiB, the resident "
+              f"memory's rise in a fresh process without it {by_rss / 2 ** 20:.0f} MiB")
         sys.exit(0)
     if args.table:
         with open(args.table) as f:

@@ -1,5 +1,5 @@
 """
-How far does one update move the weights, GRPO against D3S? Does AdamW cancel the token-mean divisor?
+How far does an update move the weights, GRPO against D3S? Does AdamW cancel the token-mean divisor?
 
     python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 \
         --out out/study/step-tiny.json
@@ -78,16 +78,19 @@ def measured_run(cfg):
 
     train.optimizer_step, train.generate_groups = step_and_measure, generate_and_mark
     try:
-        history = train.train(cfg, log=lambda line: None, given=[f.name for f in dataclasses.fields(cfg)])
+        given = [f.name for f in dataclasses.fields(cfg)]
+        history = train.train(cfg, log=lambda line: None, given=given)
     finally:
         train.optimizer_step, train.generate_groups = optimizer_step, generate_groups
     with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     # the net change of each step but the last (its end is not marked by a next generation)
-    batches = [{"step": r["step"], "zero_var": r["zero_var"], "tokens": r["tokens"], "updates": r["updates"],
-                "delta": (b - a).norm().item()} for r, a, b in zip(rows, starts, starts[1:])]
-    return {"method": cfg.method, "seed": cfg.seed, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
-            "grad_clip": cfg.grad_clip, "history": history, "updates": updates, "batches": batches}
+    batches = [{"step": r["step"], "zero_var": r["zero_var"], "tokens": r["tokens"],
+                "updates": r["updates"], "delta": (b - a).norm().item()}
+               for r, a, b in zip(rows, starts, starts[1:])]
+    return {"method": cfg.method, "seed": cfg.seed, "lr": cfg.lr,
+            "updates_per_batch": cfg.updates_per_batch, "grad_clip": cfg.grad_clip,
+            "history": history, "updates": updates, "batches": batches}
 
 
 def run(args):
@@ -95,22 +98,25 @@ def run(args):
     tuned = json.load(open(args.tuned)) if args.tuned else None
     runs, t0 = [], time.time()
     for method in args.methods.split(","):
-        knobs = {"model": args.model, "method": method, "steps": args.steps, "eval_every": 0, "save_every": 0,
-                 "overwrite": True}
+        knobs = {"model": args.model, "method": method, "steps": args.steps, "eval_every": 0,
+                 "save_every": 0, "overwrite": True}
         if tuned:
-            knobs.update(lr=tuned["lr"][method], updates_per_batch=tuned["updates_per_batch"][method])
+            knobs.update(lr=tuned["lr"][method],
+                         updates_per_batch=tuned["updates_per_batch"][method])
         for name in ("lr", "updates_per_batch"):
             if getattr(args, name) is not None:
                 knobs[name] = getattr(args, name)
         for seed in range(args.seeds):
-            mine = {**knobs, "seed": seed, "out_dir": os.path.join("out", "step-size", f"{args.model}-{method}-{seed}")}
+            mine = {**knobs, "seed": seed, "out_dir": os.path.join("out", "step-size",
+                                                                   f"{args.model}-{method}-{seed}")}
             cfg = config.resolve(train.Config(**mine), given=mine)
             runs.append(measured_run(cfg))
             print(f"{args.model} {method} seed {seed}: {len(runs[-1]['updates'])} updates, "
                   f"{time.time() - t0:.0f}s", flush=True)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"model": args.model, "command": "python experiments/step_size.py " + " ".join(sys.argv[1:]),
+        json.dump({"model": args.model,
+                   "command": "python experiments/step_size.py " + " ".join(sys.argv[1:]),
                    "runs": runs}, f)
 
 
@@ -125,7 +131,8 @@ def summary(runs, skip=SKIP):
     """The table's numbers for one method's runs (all seeds), from step `skip` on."""
     ups = [(u, r) for r in runs for u in r["updates"] if u["step"] >= skip]
     bat = [b for r in runs for b in r["batches"] if b["step"] >= skip]
-    rel_delta, rel_info = [], []  # per step, relative to its run's mean: seeds pooled without their offsets
+    # per step, relative to its run's mean: seeds pooled without their offsets
+    rel_delta, rel_info = [], []
     for r in runs:
         d = [b["delta"] for b in r["batches"] if b["step"] >= skip]
         i = [1 - b["zero_var"] for b in r["batches"] if b["step"] >= skip]
@@ -140,24 +147,29 @@ def summary(runs, skip=SKIP):
             "delta_batch_over_lr": statistics.mean(b["delta"] for b in bat) / lr,
             "zero_var": statistics.mean(b["zero_var"] for b in bat),
             "corr_info": pearson(rel_info, rel_delta),
-            # least squares: relative ||delta theta|| = 1 + slope * (share - its mean); x 0.1: per 0.1 of share
-            "slope_info": 0.1 * sum(x * y for x, y in zip(rel_info, rel_delta)) / sum(x * x for x in rel_info)}
+            # least squares: relative ||delta theta|| = 1 + slope * (share - its mean); x 0.1:
+            # per 0.1 of share
+            "slope_info": 0.1 * sum(x * y for x, y in zip(rel_info, rel_delta))
+            / sum(x * x for x in rel_info)}
 
 
 def show(args):
     rows = []
     print(f"steps {SKIP} and later; Δθ: the change of all weights (L2 norm)")
-    print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped | ‖Δθ‖ / update "
-          "| ‖Δθ‖ / step | ÷ lr | zero-var | corr(‖Δθ‖ step, 1 - zero-var) | per +0.1 of it |")
+    print("| world | method | lr | K | seeds | grad norm / update (pre-clip) | clipped "
+          "| ‖Δθ‖ / update | ‖Δθ‖ / step | ÷ lr | zero-var | corr(‖Δθ‖ step, 1 - zero-var) "
+          "| per +0.1 of it |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.files:
         with open(path) as f:
             data = json.load(f)
         for method in dict.fromkeys(r["method"] for r in data["runs"]):
             s = summary([r for r in data["runs"] if r["method"] == method])
-            rows.append((data["model"], method, s, [r for r in data["runs"] if r["method"] == method]))
-            print(f"| {data['model']} | {method} | {s['lr']:g} | {s['K']} | {s['seeds']} | {s['grad_norm']:.2f} "
-                  f"| {s['clipped']:.2f} | {s['delta_update']:.4f} | {s['delta_batch']:.4f} "
+            rows.append((data["model"], method, s,
+                         [r for r in data["runs"] if r["method"] == method]))
+            print(f"| {data['model']} | {method} | {s['lr']:g} | {s['K']} | {s['seeds']} "
+                  f"| {s['grad_norm']:.2f} | {s['clipped']:.2f} | {s['delta_update']:.4f} "
+                  f"| {s['delta_batch']:.4f} "
                   f"| {s['delta_batch_over_lr']:.0f} | {s['zero_var']:.2f} | {s['corr_info']:+.2f} "
                   f"| {100 * s['slope_info']:+.1f}% |")
     if args.png:
@@ -177,11 +189,13 @@ def plot(rows, path):
             if w != world:
                 continue
             steps = [b["step"] for b in runs[0]["batches"]]
-            mean = [statistics.mean(r["batches"][i]["delta"] for r in runs) for i in range(len(steps))]
+            mean = [statistics.mean(r["batches"][i]["delta"] for r in runs)
+                    for i in range(len(steps))]
             line, = top.plot(steps, mean, label=f"{method} (lr {s['lr']:g}, K {s['K']})")
             later = [b for r in runs for b in r["batches"] if b["step"] >= SKIP]
-            bottom.scatter([1 - b["zero_var"] for b in later], [b["delta"] for b in later], s=8, alpha=0.5,
-                           color=line.get_color(), label=f"{method}: corr {s['corr_info']:+.2f}")
+            bottom.scatter([1 - b["zero_var"] for b in later], [b["delta"] for b in later], s=8,
+                           alpha=0.5, color=line.get_color(),
+                           label=f"{method}: corr {s['corr_info']:+.2f}")
         top.set_title(world)
         top.set_xlabel("step")
         top.set_ylabel("‖Δθ‖ of the step (seed mean)")
@@ -205,7 +219,8 @@ def main(argv=None):
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--tuned", default=None, help="a bench.py tuned.json: each method's lr and K")
     r.add_argument("--lr", type=float, default=None, help="every method's lr (over --tuned's)")
-    r.add_argument("--updates_per_batch", type=int, default=None, help="every method's K (over --tuned's)")
+    r.add_argument("--updates_per_batch", type=int, default=None,
+                   help="every method's K (over --tuned's)")
     r.add_argument("--out", required=True, help="the JSON of every update and step")
     s = sub.add_parser("show", help="the table (and a plot) of one or more run files")
     s.add_argument("files", nargs="+")

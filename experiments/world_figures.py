@@ -1,25 +1,27 @@
 """
 A tiny world's starting figures, the columns of tiny.py's table, measured on its warmed-up model:
 
-    python experiments/world_figures.py --world tiny-weak          # builds out/tiny-weak once, then measures
-    python experiments/world_figures.py --terms 4 --warmup_steps 200 --noise 0.85   # a candidate world
-    python experiments/world_figures.py --world tiny-weak --model out/grpo-tiny-weak/checkpoint  # after RL
+    python experiments/world_figures.py --world tiny-weak  # builds out/tiny-weak once, measures
+    python experiments/world_figures.py --terms 4 --warmup_steps 200 --noise 0.85  # a candidate
+    # after RL
+    python experiments/world_figures.py --world tiny-weak --model out/grpo-tiny-weak/checkpoint
 
-  greedy      held-out accuracy, greedy, on the world's whole test split (what train.py's evaluation
-              and bench.py --eval_size all measure)
-  sampled     accuracy at T = 1 of 8 answers to each of the first 256 training questions (seed 0): the
-              groups of a GRPO step
+  greedy      held-out accuracy, greedy, on the world's whole test split (what train.py's
+              evaluation and bench.py --eval_size all measure)
+  sampled     accuracy at T = 1 of 8 answers to each of the first 256 training questions (seed 0):
+              the groups of a GRPO step
   all-wrong   share of those 256 groups of 8 with no right answer (their advantages are all 0)
   all-right   share with every answer right (the same)
-  p(step)     teacher-forced on the test split's clean solutions: the mean probability the model puts
-              on the right result digit of a step, for steps that do not wrap past 9 and for steps that
-              do; and on a wrapping step, the probability of the sloppy teacher's digit (the right one
-              + 1, a forgotten carry). A model that has the skill but applies it with low probability
-              is near 1 on plain steps and near 1 - noise / noise on wrapping ones; a model that has not
-              learned the arithmetic is low on both, and its right answers are luck.
+  p(step)     teacher-forced on the test split's clean solutions: the mean probability the model
+              puts on the right result digit of a step, for steps that do not wrap past 9 and for
+              steps that do; and on a wrapping step, the probability of the sloppy teacher's digit
+              (the right one + 1, a forgotten carry). A model that has the skill but applies it with
+              low probability is near 1 on plain steps and near 1 - noise / noise on wrapping ones;
+              a model that has not learned the arithmetic is low on both, and its right answers are
+              luck.
   by wraps    greedy accuracy on the test questions with 0, 1, 2, ... wrapping steps (the clean
-              solution's), and the share of questions with that many: a question with no wrapping step
-              is answered right by any model that adds.
+              solution's), and the share of questions with that many: a question with no wrapping
+              step is answered right by any model that adds.
 
 A candidate world (--terms, --warmup_steps, --noise) is built under out/explore/ and is not added to
 tiny.WORLDS. One thread (the machine's cores are shared): torch.set_num_threads(1).
@@ -55,7 +57,8 @@ def wraps(digits):
 @torch.no_grad()
 def step_probabilities(model, tokenizer, rows):
     """Teacher-forced on the clean solutions of `rows`: mean p(right digit) on plain and on wrapping
-    steps, and mean p(right digit + 1) on wrapping steps. One token per character (tiny's tokenizer)."""
+    steps, and mean p(right digit + 1) on wrapping steps. One token per character (tiny's
+    tokenizer)."""
     sums, counts = collections.Counter(), collections.Counter()
     digit_id = {d: tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
     for i in range(0, len(rows), 256):
@@ -69,7 +72,7 @@ def step_probabilities(model, tokenizer, rows):
             for line in solution[1:].split("\n")[:-1]:  # "a+b=c" lines; the last is "#### d"
                 a, rest = line.split("+")
                 d, s = map(int, rest.split("="))
-                mark.append((at + len(line) - 1, s, int(a) + d >= 10))  # the result digit's character
+                mark.append((at + len(line) - 1, s, int(a) + d >= 10))  # the result digit
                 at += len(line) + 1
             marks.append(mark)
         enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right")
@@ -91,17 +94,19 @@ def figures(model, tokenizer, terms, max_new_tokens):
     """Every figure of the module docstring, as a dict."""
     test = tiny.problems("test", terms=terms)
     t0 = time.time()
-    greedy = evaluate(model, tokenizer, test, n=1, temperature=0.0, max_new_tokens=max_new_tokens, batch_size=256)
+    greedy = evaluate(model, tokenizer, test, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
+                      batch_size=256)
     train = tiny.problems("train", terms=terms)[:GROUPS]
-    sampled = evaluate(model, tokenizer, train, n=GROUP, temperature=1.0, max_new_tokens=max_new_tokens,
-                       batch_size=256, seed=0)
+    sampled = evaluate(model, tokenizer, train, n=GROUP, temperature=1.0,
+                       max_new_tokens=max_new_tokens, batch_size=256, seed=0)
     right = [0] * GROUPS
     for r in sampled["records"]:
         right[r["problem"]] += r["correct"] == 1.0
     by = collections.defaultdict(list)  # greedy correctness by the number of wrapping steps
     for row, rec in zip(test, greedy["records"]):
         by[len(wraps([int(c) for c in row["prompt"].split("+")]))].append(rec["correct"] == 1.0)
-    return {"greedy": greedy["accuracy"], "test questions": len(test), "sampled": sampled["accuracy"],
+    return {"greedy": greedy["accuracy"], "test questions": len(test),
+            "sampled": sampled["accuracy"],
             "all-wrong groups": sum(c == 0 for c in right) / GROUPS,
             "all-right groups": sum(c == GROUP for c in right) / GROUPS,
             **step_probabilities(model, tokenizer, test),
@@ -112,19 +117,26 @@ def figures(model, tokenizer, terms, max_new_tokens):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--world", default=None, help="a world of tiny.WORLDS (built into out/NAME once)")
-    p.add_argument("--model", default=None, help="with --world: measure this folder (a run's checkpoint) instead")
+    p.add_argument("--world", default=None,
+                   help="a world of tiny.WORLDS (built into out/NAME once)")
+    p.add_argument("--model", default=None,
+                   help="with --world: measure this folder (a run's checkpoint) instead")
     p.add_argument("--terms", type=int, default=None, help="a candidate world: digits per question")
-    p.add_argument("--warmup_steps", type=int, default=None, help="a candidate world: supervised warm-up steps")
-    p.add_argument("--noise", type=float, default=None, help="a candidate world: the teacher's forgotten-carry rate")
+    p.add_argument("--warmup_steps", type=int, default=None,
+                   help="a candidate world: supervised warm-up steps")
+    p.add_argument("--noise", type=float, default=None,
+                   help="a candidate world: the teacher's forgotten-carry rate")
     p.add_argument("--seed", type=int, default=0, help="a candidate world: the warm-up's seed")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     candidate = (args.terms, args.warmup_steps, args.noise)
-    if (args.world is None) == all(x is None for x in candidate) or (args.world is None and None in candidate):
-        sys.exit("error: give --world NAME, or all three of --terms, --warmup_steps and --noise for a candidate")
+    if (args.world is None) == all(x is None for x in candidate) or \
+            (args.world is None and None in candidate):
+        sys.exit("error: give --world NAME, or all three of --terms, --warmup_steps and --noise "
+                 "for a candidate")
     if args.model is not None and args.world is None:
-        sys.exit("error: --model needs --world, the world whose questions the folder's model answers")
+        sys.exit("error: --model needs --world, the world whose questions the folder's model "
+                 "answers")
     if args.world is not None:
         spec, name = tiny.world(args.world), args.world
         model, tokenizer = load_model(args.model or name, device="cpu")
