@@ -62,13 +62,12 @@ wrap past 9):
 
 (solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: train.py's
 max_new_tokens for the world, pick(tiny=32, tiny_long=64), with room for a longer wrong answer.)
-Also tried: 8 terms with noise 0.5
-(greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps at 0.4 (greedy 43.5%, sampled 17.7%,
-30% all-wrong); the default world at noise 0.8 (greedy 9.8%, sampled 17.6%) and at 0.85 (greedy
-7.8%, sampled 14.1%, 53% all-wrong; GRPO 7.8% -> 68.2% in 100 steps, one seed, its zero-variance
-share down from 0.62 at step 0 to 0.42 over the first 10 steps: it leaves the regime fast), or with
-60 warm-up steps (greedy 10.1%, sampled 9.6%), or 100 (the old tiny-weak: greedy 10.0%, sampled
-10.2%, 44.1% all-wrong, p(plain) 0.12).
+Also tried: 8 terms with noise 0.5 (greedy 6.4%, 59% all-wrong groups) and with 400 warm-up steps
+at 0.4 (greedy 43.5%, sampled 17.7%, 30% all-wrong); the default world at noise 0.8 (greedy 9.8%,
+sampled 17.6%) and at 0.85 (greedy 7.8%, sampled 14.1%, 53% all-wrong; GRPO 7.8% -> 68.2% in 100
+steps, one seed, its zero-variance share down from 0.62 at step 0 to 0.42 over the first 10 steps:
+it leaves the regime fast), or with 60 warm-up steps (greedy 10.1%, sampled 9.6%), or 100 (the old
+tiny-weak: greedy 10.0%, sampled 10.2%, 44.1% all-wrong, p(plain) 0.12).
 
 Chains longer than 4 terms have too many questions to list (10**8 for 8 terms): a world of more than
 QUESTIONS = 10**4 questions uses a fixed sample of that many (questions()), split by the same hash
