@@ -85,7 +85,11 @@ class Run:
         run_dir = cfg.out_dir
         if self.state is None:
             self.created = not os.path.exists(run_dir)
-            os.makedirs(run_dir, exist_ok=True)
+            try:
+                os.makedirs(run_dir, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"cannot make the run folder {run_dir}: {e.strerror}; pass "
+                                 f"another --out_dir") from None
             self.lock = lock(run_dir)
             checkpoint.check_fresh(run_dir, cfg.overwrite)  # a folder with another run is refused
             # a tiny world (by name or folder), else None: a real model
@@ -99,6 +103,7 @@ class Run:
             self.world = tiny.world_of(self.weights) or tiny.world_of(cfg.model)
             self.start, self.history = self.state["step"], self.state["history"]
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
+            self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
         self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                        else cfg.device)
@@ -362,6 +367,8 @@ def lock(run_dir):
                 raise ValueError(_in_use(run_dir, path)) from None
             os.remove(path)  # a dead process's lock
             continue
+        except OSError as e:  # a folder this user may not write into
+            raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
         try:
             if fcntl:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
