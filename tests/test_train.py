@@ -100,6 +100,7 @@ BAD = [
     (["--updates_per_batch", "0"], "--updates_per_batch must be at least 1"),
     (["--steps"], "expected one argument"),
     (["--top_p", "0.9"], "unrecognized arguments: --top_p 0.9"),
+    (["--out_dir", "/proc/no-such/run"], "cannot make the run folder /proc/no-such/run"),
 ]
 
 
