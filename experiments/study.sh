@@ -2,10 +2,11 @@
 # The study of experiments/study.md: does D3S learn faster per step than GRPO? Every command, in
 # order.
 #
-#   bash experiments/study.sh tune       # learning rates (and K) on tuning seeds 100-101: about 70 minutes
+#   bash experiments/study.sh tune       # learning rates (and K) on seeds 100-101: about 70 minutes
 #   bash experiments/study.sh run        # the study itself on seeds 0-7: about 100 minutes
-#   bash experiments/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K on seeds 100-101, ~40 min
-#   bash experiments/study.sh weak       # tiny-weak on seeds 0-7, GRPO's 100-step check, the step sizes: ~40 min
+#   bash experiments/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K, ~40 minutes
+#   bash experiments/study.sh weak       # tiny-weak on seeds 0-7, GRPO's 100-step check, the step
+#                                        # sizes: ~40 minutes
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -14,67 +15,80 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 C="--eval_size all --eval_every 10 --jobs 2 --threads 1"   # the whole test split, every 10 steps
 SIX=grpo,d3s,d2s,d1s-cross,entropy,pods
-SGD="--optimizer sgd --grad_clip 0"  # momentum 0.9 (train.py); no clip: D3S's larger norm reaches the weights
+# momentum 0.9 (train.py); no clip: D3S's larger gradient norm reaches the weights
+SGD="--optimizer sgd --grad_clip 0"
 WEAK="--model tiny-weak --steps 60 $C"  # the world where most groups start all wrong (tiny.py)
+BENCH="python experiments/bench.py"
 
 case "${1:-}" in
 tune)
-  # each method's learning rate from the same grid, chosen by AUC on seeds 100-101 (not the reported ones)
-  python experiments/bench.py --methods $SIX --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --steps 60 $C \
+  # each method's learning rate from the same grid, chosen by AUC on seeds 100-101 (not the
+  # reported ones)
+  $BENCH --methods $SIX --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 --steps 60 $C \
       --out out/study/tune-tiny-adamw
-  python experiments/bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --lr_grid 3e-4,1e-3,3e-3,1e-2,3e-2 --seeds 2 \
+  $BENCH --methods grpo,d3s,d1s-cross,entropy $SGD --lr_grid 3e-4,1e-3,3e-3,1e-2,3e-2 --seeds 2 \
       --seed_start 100 --steps 60 $C --out out/study/tune-tiny-sgd
   # K (updates per step) and the learning rate together, K = 1 included
-  python experiments/bench.py --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4 --updates_grid 1,2,4 --seeds 2 --seed_start 100 \
-      --steps 60 $C --out out/study/tune-tiny-adamw-k
+  $BENCH --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4 --updates_grid 1,2,4 --seeds 2 \
+      --seed_start 100 --steps 60 $C --out out/study/tune-tiny-adamw-k
   ;;
 run)
   # A: the default world, AdamW, K = 1, every method at its tuned learning rate
-  python experiments/bench.py --methods $SIX --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 --steps 60 $C \
+  $BENCH --methods $SIX --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 --steps 60 $C \
       --out out/study/tiny-adamw
   # D: the default world, AdamW, each method's tuned K and learning rate
-  python experiments/bench.py --methods grpo,d3s --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 --steps 60 $C \
+  $BENCH --methods grpo,d3s --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 --steps 60 $C \
       --out out/study/tiny-adamw-k
   # D, second table: the same under GSPO's sequence ratio and clip range (--loss gspo)
-  python experiments/bench.py --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
+  $BENCH --methods grpo,d3s --loss gspo --tuned out/study/tune-tiny-adamw-k/tuned.json --seeds 8 \
       --steps 60 $C --out out/study/tiny-adamw-k-gspo
   # B: the default world, SGD with momentum, no gradient clip: where a larger gradient norm is a
   #    larger update
-  python experiments/bench.py --methods grpo,d3s,d1s-cross,entropy $SGD --tuned out/study/tune-tiny-sgd/tuned.json --seeds 8 \
-      --steps 60 $C --out out/study/tiny-sgd
-  # C: the longer-chain world (8 terms, 50-token solutions), AdamW, the tiny world's learning rates [a
-  #    shortcut: not tuned again]; 40 steps, because GRPO is near the ceiling by step 100
-  python experiments/bench.py --model tiny-long --methods grpo,d3s,d2s --tuned out/study/tune-tiny-adamw/tuned.json --seeds 8 \
-      --steps 40 $C --out out/study/long-adamw
+  $BENCH --methods grpo,d3s,d1s-cross,entropy $SGD --tuned out/study/tune-tiny-sgd/tuned.json \
+      --seeds 8 --steps 60 $C --out out/study/tiny-sgd
+  # C: the longer-chain world (8 terms, 50-token solutions), AdamW, the tiny world's learning
+  #    rates [a shortcut: not tuned again]; 40 steps, because GRPO is near the ceiling by step 100
+  $BENCH --model tiny-long --methods grpo,d3s,d2s --tuned out/study/tune-tiny-adamw/tuned.json \
+      --seeds 8 --steps 40 $C --out out/study/long-adamw
   ;;
 weak-tune)
   # F: K and lr together for GRPO and D3S on seeds 100-101 ...
-  python experiments/bench.py $WEAK --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --updates_grid 1,2,4 --seeds 2 \
+  $BENCH $WEAK --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --updates_grid 1,2,4 --seeds 2 \
       --seed_start 100 --out out/study/tune-weak-k
-  # ... then the two halves of D3S, each lr from the same grid at D3S's K [a shortcut: their K is not tuned]
-  K=$(python -c 'import json; print(json.load(open("out/study/tune-weak-k/tuned.json"))["updates_per_batch"]["d3s"])')
-  python experiments/bench.py $WEAK --methods d1s-cross,entropy --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --updates_per_batch "$K" --seeds 2 \
-      --seed_start 100 --out out/study/tune-weak-parts
+  # ... then the two halves of D3S, each lr from the same grid at D3S's K [a shortcut: their K is
+  # not tuned]
+  K=$(python -c 'import json
+print(json.load(open("out/study/tune-weak-k/tuned.json"))["updates_per_batch"]["d3s"])')
+  $BENCH $WEAK --methods d1s-cross,entropy --lr_grid 2.5e-5,5e-5,1e-4,2e-4 \
+      --updates_per_batch "$K" --seeds 2 --seed_start 100 --out out/study/tune-weak-parts
   # one tuned.json for the four methods, what --tuned reads
   python -c 'import json
 a, b = (json.load(open(f"out/study/{d}/tuned.json")) for d in ("tune-weak-k", "tune-weak-parts"))
-json.dump({k: {**a[k], **b[k]} for k in ("lr", "updates_per_batch", "auc")}, open("out/study/tune-weak.json", "w"))'
+merged = {k: {**a[k], **b[k]} for k in ("lr", "updates_per_batch", "auc")}
+json.dump(merged, open("out/study/tune-weak.json", "w"))'
   ;;
 weak)
   # F: tiny-weak, AdamW, each method at its tuned lr and K, 8 reported seeds
-  python experiments/bench.py $WEAK --methods grpo,d3s,d1s-cross,entropy --tuned out/study/tune-weak.json --seeds 8 \
+  $BENCH $WEAK --methods grpo,d3s,d1s-cross,entropy --tuned out/study/tune-weak.json --seeds 8 \
       --out out/study/weak
-  # the world's check: GRPO at its tuned lr and K, 100 steps, 3 seeds (the same seeds 0-2 as F's first three)
-  python experiments/bench.py --model tiny-weak --methods grpo --tuned out/study/tune-weak.json --seeds 3 --steps 100 $C \
-      --out out/study/weak-grpo-100
-  # G: GRPO and D3S at one setting, lr 5e-5 and K = 4 (D3S's tuned one in both worlds), both worlds,
-  #    one code
-  python experiments/bench.py $WEAK --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --out out/study/weak-same
-  python experiments/bench.py --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --steps 60 $C --out out/study/tiny-same
-  # the step each update takes (||delta theta||), GRPO against D3S in both worlds, at that setting
-  python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out out/study/step-tiny.json
-  python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 --out out/study/step-weak.json
-  python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json --png out/study/step-size.png
+  # the world's check: GRPO at its tuned lr and K, 100 steps, 3 seeds (the same seeds 0-2 as F's
+  # first three)
+  $BENCH --model tiny-weak --methods grpo --tuned out/study/tune-weak.json --seeds 3 --steps 100 \
+      $C --out out/study/weak-grpo-100
+  # G: GRPO and D3S at one setting, lr 5e-5 and K = 4 (D3S's tuned one in both worlds), both
+  #    worlds, one code
+  $BENCH $WEAK --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 \
+      --out out/study/weak-same
+  $BENCH --methods grpo,d3s --lr 5e-5 --updates_per_batch 4 --seeds 8 --steps 60 $C \
+      --out out/study/tiny-same
+  # how far each update moves the weights (||delta theta||), GRPO against D3S in both worlds, at
+  # that setting
+  python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 \
+      --out out/study/step-tiny.json
+  python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 \
+      --out out/study/step-weak.json
+  python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json \
+      --png out/study/step-size.png
   ;;
 -h|--help)
   echo "usage: bash experiments/study.sh tune|run|weak-tune|weak"
