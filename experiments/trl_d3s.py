@@ -105,10 +105,9 @@ from trl.trainer.utils import shuffle_sequence_dict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import d3s  # noqa: E402
 from machinery.data import format_prompt, load_problems
-from machinery.model import load_model
+from machinery.model import disable_dropout, load_model
 from reward import grade
 from rollout import stop_token_ids
-from train import disable_dropout
 
 # The per-rollout tensors of TRL's scored batch (text-only): left-padded prompt columns,
 # right-padded completion columns, one value per rollout. Anything else (images, ...) is refused.
