@@ -1,14 +1,11 @@
 """
 How far does an update move the weights, GRPO against D3S? Does AdamW cancel the token-mean divisor?
 
-    python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 \
-        --out out/study/step-tiny.json
-    python experiments/step_size.py run --model tiny-weak --lr 5e-5 --updates_per_batch 4 \
-        --out out/study/step-weak.json
-    python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json \
-        --png out/study/step-size.png
-    # each method at its tuned setting
-    python experiments/step_size.py run --model tiny-weak --tuned out/study/tune-weak.json --out ...
+    python experiments/step_size.py run --model tiny --lr 5e-5 --updates_per_batch 4 --out A.json
+    python experiments/step_size.py run --model tiny-weak --tuned TUNED.json --out B.json  # tuned
+    python experiments/step_size.py show A.json B.json --png step-size.png  # the table and the plot
+
+`bash experiments/study.sh weak` runs it in both worlds for experiments/study.md.
 
 The question (experiments/study.md, section F). A step is one rollout batch and its K updates.
 GRPO's loss is a mean over every token of the step, the tokens of zero-variance groups (all rewards
