@@ -36,7 +36,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from machinery import tiny  # noqa: E402
+import train  # noqa: E402
+from machinery import config, tiny  # noqa: E402
 from machinery.data import format_prompt  # noqa: E402
 from eval import evaluate  # noqa: E402
 from machinery.model import load_model  # noqa: E402
@@ -137,19 +138,20 @@ def main(argv=None):
     if args.model is not None and args.world is None:
         sys.exit("error: --model needs --world, the world whose questions the folder's model "
                  "answers")
-    if args.world is not None:
+    if args.world is not None:  # the budget train.py gives the world (its max_new_tokens knob)
         spec, name = tiny.world(args.world), args.world
+        budget = config.resolve(train.Config(model=name)).max_new_tokens
         model, tokenizer = load_model(args.model or name, device="cpu")
     else:
-        spec = dict(terms=args.terms, warmup_steps=args.warmup_steps, noise=args.noise,
-                    max_new_tokens=6 * args.terms + 8)
+        spec, budget = dict(terms=args.terms, warmup_steps=args.warmup_steps, noise=args.noise), \
+            6 * args.terms + 8
         name = f"try-{args.terms}-{args.warmup_steps}-{args.noise:g}-s{args.seed}"
         tiny.WORLDS[name] = spec  # this process only: tiny.pretrained builds from WORLDS
         path = tiny.pretrained(os.path.join("out", "explore", name), seed=args.seed, name=name)
         model, tokenizer = load_model(path, device="cpu")
     model.eval()
     out = {"world": name, **({"model": args.model} if args.model else {}), **spec,
-           **figures(model, tokenizer, spec["terms"], spec["max_new_tokens"])}
+           "max_new_tokens": budget, **figures(model, tokenizer, spec["terms"], budget)}
     print(json.dumps(out))
 
 
