@@ -14,7 +14,6 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from experiments import bench  # noqa: E402
 
 
 def runs(study):
@@ -38,6 +37,7 @@ def clipping(run):
 
 
 def main(a, b):
+    from experiments import bench  # here: --help and a wrong call need no torch
     ra, rb = runs(a), runs(b)
     print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
     print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in "

@@ -456,8 +456,8 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
             seen.append(u)
         return u
     monkeypatch.setattr(train, "backward", recorded)
-    _, _, run_dir = run(tmp_path, "clip", tiny_dir, method="grpo", updates_per_batch=4, lr=2e-4, steps=3,
-                        eval_every=0, save_every=0)
+    _, _, run_dir = run(tmp_path, "clip", tiny_dir, method="grpo", updates_per_batch=4, lr=2e-4, steps=2,
+                        eval_size=2, eval_every=0, save_every=0)
     log = rows(run_dir)
     for r in log:
         mine = seen[:len(r["losses"])]
