@@ -44,7 +44,9 @@ should matter more:
              (seeds 0-2, whole test split), and about half of each batch's groups still have all
              rewards equal at the end (0.58 over the first 10 steps, 0.49 over the last 50);
              experiments/study.md, section F.
-Their starting points, measured by `python experiments/world_figures.py --world NAME` (seed 0, 1 CPU
+Their starting points, measured by `python experiments/world_figures.py --world NAME` at commit
+3e1f34b (2026-12-01; another CPU builds other weights: at commit d39fb00, on an AMD EPYC with AVX2
+kernels, tiny measured greedy 20.3%, sampled 24.8%, 28.5% all-wrong, p(wrap) 0.26) (seed 0, 1 CPU
 thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256
 training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean
 test solutions, the mean probability of the right result digit on steps that do not and that do
@@ -229,9 +231,9 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
            terms=NUM_TERMS, log=print):
     """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model,
     tokenizer). [ours] One CPU thread, whatever the machine: a float sum's order depends on the
-    thread count, and over 200 steps that moved weights by up to 0.018 (1 thread against 2), so the
-    warmed-up model, and every starting figure measured on it, would depend on the machine that
-    built it."""
+    thread count, and over 200 steps that moved weights by up to 0.018 (1 thread against 2). The
+    CPU's own kernels still choose their order (AVX2 or AVX-512 code paths), so another kind of CPU
+    may build other weights and other starting figures (the docstring's table says by how much)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
