@@ -148,10 +148,14 @@ def test_an_inline_edit_of_the_config_block_is_the_run(tmp_path, tiny_dir, capsy
     spec.loader.exec_module(mine)
     small = ["--steps", "1", "--prompts_per_step", "1", "--group_size", "2", "--eval_size", "1", "--eval_every", "0"]
     config.main(mine.Config, mine.train, ["--model", tiny_dir, "--out_dir", str(tmp_path / "tiny")] + small)
+    first = capsys.readouterr().out.splitlines()[:4]  # the run's first lines show the edited value
+    assert any("max_new_tokens 40" in line and "lr 5e-05" in line for line in first), first
     jsonl = tmp_path / "q.jsonl"
     jsonl.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in (("1+2", "3"), ("2+2", "4"))))
     config.main(mine.Config, mine.train, ["--model", real_model_folder(tmp_path / "real"), "--dataset", str(jsonl),
                                           "--max_new_tokens", "4", "--out_dir", str(tmp_path / "real-run")] + small)
+    first = capsys.readouterr().out.splitlines()[:4]
+    assert any("lr 3e-06" in line for line in first), first
     ran = {name: json.load(open(tmp_path / name / "config.json")) for name in ("tiny", "real-run")}
     assert (ran["tiny"]["max_new_tokens"], ran["tiny"]["lr"]) == (40, 5e-5)
     assert (ran["real-run"]["lr"], ran["real-run"]["micro_batch_size"]) == (3e-6, 16)
