@@ -1,7 +1,7 @@
 """
 Train a language model on math with GRPO and D3S (Dynamic Dual-Level Down-Sampling, 2509.22115).
 
-    python train.py                          # D3S on the offline tiny world, CPU, about a minute
+    python train.py                          # D3S on the offline tiny world: a few minutes on a CPU
     python train.py --method grpo            # the baseline, same world
     python train.py --model Qwen2.5-0.5B     # GSM8K on one GPU (each knob's `real` value)
     python train.py --resume out/d3s-tiny    # continue an interrupted run

@@ -96,7 +96,7 @@ TEST_SHARE = 10        # 1 question in TEST_SHARE is held out (by hash), never t
 QUESTIONS = 10 ** 4    # questions per world (train + test): all of them for 4 terms, a fixed
                        # sample for longer chains
 WARMUP_NOISE = 0.6     # [ours] chance that the teacher forgets the carry on a wrapping step
-WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); ~30 s on 2 CPU cores
+WARMUP_STEPS = 200     # supervised steps (batch WARMUP_BATCH); 103 s on 2 CPU cores (2026-12-01)
 WARMUP_BATCH = 64
 WARMUP_LR = 1e-3
 VERSION = 3            # of the warmed-up folder: pretrained() rebuilds a folder made by another
@@ -283,7 +283,7 @@ def pretrained(path="out/tiny", seed=0, log=print, name="tiny"):
             have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}
         if all(have.get(k) == v for k, v in want.items() if k != "seed"):
             return path
-    log(f"building the {name} world's warmed-up model in {path} (once, ~30 s on a laptop)")
+    log(f"building the {name} world's warmed-up model in {path} (once: a minute or two on a CPU)")
     model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"],
                               terms=spec["terms"], log=log)
     model.save_pretrained(path)
