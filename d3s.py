@@ -9,11 +9,12 @@ paper leaves open, here and at the code.
   max_variance_subset  the i largest and k - i smallest, O(n log n); [ours] ties go to the fewest
                        zeros, float64 on the CPU. num_keep: round(rho n), at least 1, [ours] half up
   token_scores         step 6: s_{i,t} = |A_i| H_{i,t} (adv_entropy) or H_{i,t} (entropy, 80/20)
-  select_tokens        step 6: the top round(rho_t * valid), pooled over the step; [ours] any tie
+  select_tokens        step 6: the top round(rho_t * valid), pooled over the step; [ours] any tie;
+                       random (a control): as many drawn uniformly, no score
   keep_ratios          rho(p) = (1 - p) rho_init + p rho_final, p = step / (total_steps - 1), [ours]
                        0 in a one-step run; applied_ratios: the ratios a method really applies
-  policy_loss          step 7: -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A) + beta k3; [ours]
-                       GSPO's s_i over all valid tokens, sum / the update's kept tokens, clip_frac
+  policy_loss          step 7: sum_i sum_t l_it / d_i, l = -min(w A, clip(w) A) + beta k3; [ours]
+                       GSPO's s_i over all valid tokens, clip_frac; divisors: d_i (DIVISORS)
   population_variance  Var(x) = mean((x - mean x)^2); METHODS: [ours] grpo's "-" is "constant"
 """
 
@@ -22,10 +23,11 @@ import math
 import torch
 
 SAMPLE_MODES = ("none", "cross", "intra", "pods", "random")
-TOKEN_MODES = ("none", "adv_entropy", "entropy")
+TOKEN_MODES = ("none", "adv_entropy", "entropy", "random")
 SCHEDULES = ("linear", "constant")
 LOSSES = ("grpo", "gspo")
 SCALES = ("group", "none")
+DIVISORS = ("kept", "valid", "seq")  # divisors(): [ours]; 80/20, DAPO, TRL; GRPO's, GSPO's papers
 METHODS = {  # docs/algorithm.md's named methods, each on GRPO or GSPO (`loss`); entropy: 80/20
     "grpo":      dict(sample="none",  token="none",        schedule="constant"),  # [ours] "-"
     "pods":      dict(sample="pods",  token="none",        schedule="constant"),
@@ -35,6 +37,8 @@ METHODS = {  # docs/algorithm.md's named methods, each on GRPO or GSPO (`loss`);
     "d3s":       dict(sample="cross", token="adv_entropy", schedule="linear"),
     "d3s-i":     dict(sample="intra", token="adv_entropy", schedule="linear"),
     "entropy":   dict(sample="none",  token="entropy",     schedule="constant", t_keep=0.2),
+    "d3s-random":       dict(sample="random", token="random", schedule="linear"),  # [ours] random
+    "d1s-cross-random": dict(sample="random", token="none", schedule="constant"),  # controls
 }
 
 
@@ -112,16 +116,22 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
 
 def token_scores(advantages, entropy, mode):
     """Step 6: s_{i,t} = |A_i| * H_{i,t} (adv_entropy, D3S) or H_{i,t} (entropy, 80/20), no gradient
-    through H; |A_i| matters as select_tokens pools the step. (N,), (N, T) -> scores (N, T)."""
+    through H (|A_i| counts: the step is pooled). (N,), (N, T) -> (N, T); random: None, no score."""
+    if mode == "random":
+        return None
     _check_scores_args(advantages, entropy, mode)
     h = entropy.detach()
     return h if mode == "entropy" else advantages.detach().abs()[:, None] * h
 
 
-def select_tokens(scores, mask, keep):
+def select_tokens(scores, mask, keep, generator=None):
     """Step 6: the top round(keep * valid) scores (at least 1), pooled over every valid position of
-    the step, never a masked one. scores (N, T), mask (N, T) bool -> the kept tokens (N, T) bool."""
+    the step, never a masked one; scores None (random): as many, every set as likely, drawn from
+    `generator`. scores (N, T), mask (N, T) bool -> the kept tokens (N, T) bool."""
     _check_tokens_args(scores, mask, keep)
+    if scores is None:  # i.i.d. uniform scores: every k-set of valid positions is as likely
+        scores = torch.rand(mask.shape, generator=generator, dtype=torch.float64,
+                            device=getattr(generator, "device", "cpu")).to(mask.device)
     flat = scores.detach().flatten().masked_fill(~mask.flatten(), -math.inf)  # (N*T,)
     top = flat.topk(num_keep(keep, int(mask.sum()))).indices  # [ours] exact count, ties any way
     return torch.zeros_like(mask).flatten().index_fill(0, top, True).view(mask.shape)
@@ -147,22 +157,34 @@ def applied_ratios(method, rho_s, rho_t):
     return float(rho_s), float(m.get("t_keep", rho_t))
 
 
-def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
+def divisors(token_mask, seq_mask, divisor):
+    """Step 7's d_i in loss = sum_i sum_t l_it / d_i, once per update from its masks (N, T) -> (N,):
+      kept   its kept tokens [ours];   valid  its valid tokens, masked ones too (80/20, DAPO, TRL)
+      seq    n_i S: the mean over each rollout's n_i kept tokens, then over the S rollouts that
+             have one (GRPO's and GSPO's papers; verl's seq-mean-token-mean)"""
+    _check_choice("divisor", divisor, DIVISORS)
+    _check_shape("token_mask", token_mask, seq_mask.shape, "seq_mask", is_bool=True)
+    n = token_mask.sum(dim=1)  # (N,) kept tokens per rollout
+    d = {"kept": n.sum(), "valid": seq_mask.sum(), "seq": n * (n > 0).sum()}[divisor]
+    return d.expand(len(n)).clamp(min=1)  # [ours] 1 where nothing is kept: its sum is 0 anyway
+
+
+def policy_loss(logp, old_logp, advantages, token_mask, divisor, loss="grpo",
                 eps_low=0.2, eps_high=0.2, ref_logp=None, beta=0.0, seq_mask=None):
-    """Step 7: loss = sum over the kept tokens of l_t / num_tokens, where
+    """Step 7: loss = sum over the kept tokens of l_{i,t} / d_i, where
 
         l_t = -min(w_t A_i, clip(w_t, 1 - eps_low, 1 + eps_high) A_i) + beta k3_t
         w_t = exp(logp_t - old_t)  (GRPO)  or  sg[s_i] pi(y_t) / sg[pi(y_t)]  (GSPO-token)
 
     s_i = exp(mean of logp - old over the valid tokens, seq_mask, by default token_mask); k3 is the
     KL estimate exp(ref - logp) - (ref - logp) - 1. Tensors (N, T), advantages (N,), masks bool.
-    [ours] num_tokens counts the kept tokens of the whole update, so micro-batches add up to one
-    batch. GSPO wants its own eps (3e-4, 4e-4). stats, 0-dim tensors: ratio_mean/min/max (1 if none
-    is kept), kl, and [ours] clip_frac = clipped / signal: the counts of kept tokens with A != 0
-    (signal) and of those whose ratio is out of range on the side A pushes (clipped)."""
+    d_i: divisors()'s (N,) or one count, over the whole update: micro-batches add up to one batch.
+    GSPO's paper: eps 3e-4, 4e-4 and seq. stats, 0-dim: ratio_mean/min/max (1 if none is kept), kl,
+    and [ours] clip_frac = clipped / signal: the counts of kept tokens with A != 0 (signal) and of
+    those whose ratio is out of range on the side A pushes (clipped)."""
     seq_mask = token_mask if seq_mask is None else seq_mask
-    num_tokens = _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_tokens,
-                                  loss, eps_low, eps_high, ref_logp, beta)
+    divisor = _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, divisor, loss,
+                               eps_low, eps_high, ref_logp, beta)
     kept, stats = token_mask.sum(), {}  # kept: a tensor, so nothing here waits for the device
     # masked_fill, not multiplication: padding may hold any value and must not reach the gradient
     delta = (logp - old_logp.detach()).masked_fill(~seq_mask, 0.0)  # (N, T) log-ratio per token
@@ -179,7 +201,7 @@ def policy_loss(logp, old_logp, advantages, token_mask, num_tokens, loss="grpo",
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || ref), >= 0 per token
         per_token = per_token + beta * kl
         stats["kl"] = kl.detach().masked_fill(~token_mask, 0.0).sum() / kept.clamp(min=1)
-    loss_value = per_token.masked_fill(~token_mask, 0.0).sum() / num_tokens
+    loss_value = (per_token.masked_fill(~token_mask, 0.0).sum(dim=1) / divisor).sum()
     with torch.no_grad():  # where the min picks the clipped term, the gradient is zero
         signal = token_mask & (a != 0)  # (N, T) the kept tokens with a policy gradient to lose
         was_clipped = (((w < 1 - eps_low) & (a < 0)) | ((w > 1 + eps_high) & (a > 0))) & signal
@@ -259,7 +281,8 @@ def _check_scores_args(advantages, entropy, mode):
              f"entropy has {len(entropy)} rows, must match advantages ({len(advantages)})")
 
 def _check_tokens_args(scores, mask, keep):  # keep: num_keep checks it
-    _check_dim("scores", scores, 2, "2-D (N, T)")
+    scores = mask if scores is None else scores  # random: no score, only the mask to check
+    _check_dim("mask" if scores is mask else "scores", scores, 2, "2-D (N, T)")
     _check_shape("mask", mask, scores.shape, "scores", is_bool=True)
     _require(mask.any(), "mask has no valid position; there is no token to keep")
     _require(torch.isfinite(scores[mask]).all(),
@@ -275,7 +298,7 @@ def _check_applied_args(method, rho_s, rho_t):
     _check_choice("method", method, tuple(METHODS))
     _check_ratios(rho_s=rho_s, rho_t=rho_t)
 
-def _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_tokens, loss, eps_low,
+def _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, divisor, loss, eps_low,
                      eps_high, ref_logp, beta):
     _check_choice("loss", loss, LOSSES)
     _check_dim("logp", logp, 2, "2-D (N, T)")
@@ -292,9 +315,8 @@ def _check_loss_args(logp, old_logp, advantages, token_mask, seq_mask, num_token
              f"beta={beta} > 0 needs ref_logp (N, T); pass it or set beta=0")
     if ref_logp is not None:
         _check_shape("ref_logp", ref_logp, logp.shape, "logp")
-    if isinstance(num_tokens, torch.Tensor) and num_tokens.numel() == 1:  # a count tensor: its int
-        num_tokens = num_tokens if num_tokens.is_floating_point() else int(num_tokens)
-    low = max(1, int(token_mask.sum()))
-    _check_int("num_tokens", num_tokens, low, what=f"the step's total of kept tokens, an integer "
-               f">= {low} (the tokens kept in this call)")
-    return num_tokens
+    d = torch.as_tensor(divisor if isinstance(divisor, (int, torch.Tensor)) else -1).cpu()
+    low = token_mask.sum(dim=1 if d.dim() else None).cpu().clamp(min=1)  # kept here (per row)
+    _require(not d.is_floating_point() and d.shape in ((), low.shape) and bool((d >= low).all()),
+             f"divisor must be an integer >= {int(low.max())} (d3s.divisors), got {divisor}")
+    return d.to(logp.device)

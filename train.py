@@ -31,7 +31,8 @@ from rollout import completion_hidden, generate_groups, head_logprobs, micro_bat
 
 # -----------------------------------------------------------------------------
 # config: every knob with its value; pick(tiny=..., real=...) holds the tiny worlds' and a real
-# model's (the clip's: by --loss). Edit it here or pass --name value; config.json records the run.
+# model's, gspo=... by --loss, method_entropy=... by --method (machinery/config.py: which wins).
+# Edit it here or pass --name value; config.json records the run.
 
 
 @dataclass
@@ -40,27 +41,30 @@ class Config:
     model: str = "tiny"             # tiny | tiny-long | tiny-weak | Qwen2.5-0.5B | hub id | folder
     dataset: str = pick(tiny="tiny", tiny_long="tiny-long", real="gsm8k")  # gsm8k | math | a .jsonl
     data_dir: str = ""              # local copies as NAME/SPLIT.jsonl: gsm8k/train.jsonl ("": hub)
-    # the method (docs/algorithm.md, "Named methods") and its loss
+    # the method (docs/algorithm.md, "Named methods"), its loss and their divisor (d3s.divisors)
     method: str = "d3s"             # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
+                                    # | the random controls d3s-random | d1s-cross-random
     loss: str = "grpo"              # grpo (a ratio per token) | gspo (a ratio per sequence)
+    divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept | valid | seq
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
     s_init: float = 0.25            # rho_s at the first step: the share of rollouts kept [ours]
     s_final: float = 0.75           # rho_s at the last step [ours]
     t_init: float = 0.2             # rho_t at the first step: the share of their tokens kept [ours]
     t_final: float = 0.6            # rho_t at the last step [ours]
-    # a step: P prompts, G rollouts each, then K updates
+    # a step: P prompts, G rollouts each, then K updates (or ceil(kept / M))
     steps: int = pick(tiny=100, real=200)           # steps; the schedule counts these
     prompts_per_step: int = pick(tiny=16, real=32)  # P prompts per step
     group_size: int = 8             # G rollouts per prompt (B = P * G)
-    max_new_tokens: int = pick(tiny=32, tiny_long=64, real=512)  # completion budget in tokens
+    max_new_tokens: int = pick(tiny=32, tiny_long=64, real=512)  # cut-off rollouts: docs/grading.md
     temperature: float = 1.0        # sampling; log-probs and entropy use softmax(logits / T) too
     # the update
     updates_per_batch: int = 4      # K updates per step, one per mini-batch (K > 1: the clip acts)
+    minibatch_size: int = 0         # or M rollouts per update, ceil(kept / M) updates (0: K)
     optimizer: str = "adamw"        # adamw | sgd (momentum 0.9)
     lr: float = pick(tiny=5e-5, real=1e-6)  # constant (tiny: tuned in the study; real: a start)
     grad_clip: float = 1.0          # clip the gradient norm to this (0: off)
-    clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low, by --loss
-    clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high, by --loss
+    clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low (gspo: GSPO's own)
+    clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high (gspo: GSPO's own)
     beta: float = 0.0               # k3 KL to the initial model (0: no reference model is kept)
     # speed and memory: none of these changes what is computed (beyond float rounding)
     micro_batch_size: int = pick(tiny=128, real=16)  # kept rollouts per forward/backward
@@ -71,14 +75,14 @@ class Config:
     dtype: str = "auto"             # auto (bf16 autocast on a GPU of 8.0+) | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same every time
-    eval_every: int = 25            # steps between evaluations (also at step 0 and the end)
-    save_every: int = 25            # steps between checkpoints (also at the end and on a signal)
+    eval_every: int = 25  # steps between evaluations (also at step 0 and the end; 0: only those)
+    save_every: int = 25  # steps between checkpoints (also at the end, on a signal; 0: only those)
     out_dir: str = ""               # the run folder ("": out/<method>-<model>-<knob>=<value>...)
     overwrite: bool = False         # let a fresh run replace another run in out_dir (else refused)
     seed: int = 0                   # prompt order, and every random number of every step
     device: str = "auto"            # auto | cpu | cuda | cuda:1 ...
     resume: str = ""                # a run folder to continue from its last checkpoint
-    wandb: str = ""                 # a Weights & Biases project to log every step to ("": off)
+    wandb: str = ""  # a Weights & Biases project to log every step to ("": off; pip install wandb)
 
 
 def train(cfg, log=print, given=None):
@@ -86,7 +90,7 @@ def train(cfg, log=print, given=None):
     the knobs the user set (the flags); None: those that differ from Config's values."""
     with Run(cfg, given, log) as run:  # the values, the run folder, how it stops: machinery/run.py
         cfg, device = run.cfg, run.device
-        method, K, G = d3s.METHODS[cfg.method], cfg.updates_per_batch, cfg.group_size
+        method, G = d3s.METHODS[cfg.method], cfg.group_size
 
         ctx = partial(autocast, device, cfg.dtype)  # [ours] --dtype auto: bf16 autocast on a GPU
         train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir or None)
@@ -137,24 +141,23 @@ def train(cfg, log=print, given=None):
             idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator)
             kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
             valid = kept.completion_mask  # (N, T)
-            token_mask, scores, updates = torch.zeros_like(valid), None, []
+            token_mask, scores, updates, minibatches = torch.zeros_like(valid), None, [], []
             if cfg.beta > 0 or bool((adv_kept != 0).any()):  # [ours] else the gradient is exactly 0
-                # 5. the kept rollouts' entropy for step 6, and logp_old when K > 1: one forward, no
-                # gradient, on step 7's mini-batches and micro-batches (same shapes, same numbers)
+                # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
                 minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
-                               for rows in minibatch_rows(len(idx), K, generator)]
+                               for rows in minibatch_rows(len(idx), cfg, generator)]
                 with fb:
                     old_logp, entropy = entropy_and_old_logp(model, kept, minibatches, cfg, ctx,
                                                              method["token"])
 
                 # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
                 token_mask = valid
-                if method["token"] != "none":
-                    scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T)
-                    token_mask = d3s.select_tokens(scores, valid, rho_t)  # (N, T) bool
+                if method["token"] != "none":  # random: no score, a uniform draw from `generator`
+                    scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T) or None
+                    token_mask = d3s.select_tokens(scores, valid, rho_t, generator)  # (N, T) bool
 
-                # 7. K updates: the kept rollouts shuffled into K mini-batches, each its own token
-                # mean; the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
+                # 7. K updates (or ceil(N / M)), one per mini-batch of the kept rollouts, shuffled;
+                # the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
                 for i, mb in enumerate(minibatches):
                     with fb:
                         u = backward(model, kept, mb, adv_kept, token_mask, old_logp if i else None,
@@ -168,7 +171,8 @@ def train(cfg, log=print, given=None):
             # log: the step line, RUN/log.jsonl (and wandb), the selection page before an evaluation
             row = step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats,
                               updates, rho_s=rho_s, rho_t=rho_t, t_gen=t_gen, t_fb=fb.seconds,
-                              t_upd=time.time() - t0, tokens_trained=run.tokens_trained)
+                              t_upd=time.time() - t0, tokens_trained=run.tokens_trained,
+                              minibatches=len(minibatches))
             run.end_step(row, selection=(rollouts, batch, rewards, adv, idx, token_mask, scores))
         return run.finish()
 
@@ -177,9 +181,11 @@ def train(cfg, log=print, given=None):
 # the step's helpers, in the order the step calls them
 
 
-def minibatch_rows(n, k, generator):
-    """The K mini-batches of a step: its n kept rollouts shuffled and split into k parts of
-    near-equal size (docs/algorithm.md, "Several updates per step"). K = 1: one part, in order."""
+def minibatch_rows(n, cfg, generator):
+    """The mini-batches of a step: its n kept rollouts shuffled and split into K parts of near-equal
+    size, or with M = --minibatch_size into ceil(n / M) [ours] near-equal parts, not M each and a
+    remainder (docs/algorithm.md, "Several updates per step"). One part: in order, no draw."""
+    k = -(-n // cfg.minibatch_size) if cfg.minibatch_size > 0 else cfg.updates_per_batch
     if k == 1:
         return [torch.arange(n)]
     return [part for part in torch.randperm(n, generator=generator).tensor_split(k) if len(part)]
@@ -193,8 +199,8 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
       K = 1, one micro-batch  no logp_old (the ratio is 1); the entropy from the gradient forward
                               itself, which runs now and is kept on the piece for step 7
       K = 1, several          [ours] the entropy recorded while sampling (machinery/sampling.py)
-    The entropy is needed only for token selection."""
-    select, valid, K = token_mode != "none", kept.completion_mask, cfg.updates_per_batch
+    The entropy is needed only for token selection by a score (not by the random control)."""
+    select, valid, K = token_mode not in ("none", "random"), kept.completion_mask, len(minibatches)
     parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
     if K == 1 and (not select or len(parts) > 1):
         return None, kept.entropy if select else None
@@ -216,7 +222,7 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
 
 def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None):
     """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens,
-    divided by their number, and its gradient, accumulated micro-batch by micro-batch. old_logp
+    divided by --divisor's d_i, and its gradient, accumulated micro-batch by micro-batch. old_logp
     None: the policy has not moved since it sampled (K = 1, or the step's first mini-batch), so the
     ratio is exactly 1. Returns the statistics, or None when the mini-batch has nothing to learn."""
     valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
@@ -227,7 +233,9 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
     counts = counts.tolist()  # [[kept, learnable] per micro-batch]: one wait for the device
     if not any(n_learn for _, n_learn in counts):
         return None
-    num_tokens = sum(n_keep for n_keep, _ in counts)  # this update's divisor
+    num_tokens = sum(n_keep for n_keep, _ in counts)  # this update's kept tokens
+    rows, div = torch.cat([p.rows for p in parts]), torch.ones_like(valid[:, 0], dtype=torch.long)
+    div[rows] = d3s.divisors(token_mask[rows], valid[rows], cfg.divisor)  # once for the update
     pieces = []  # per micro-batch, as tensors: read once, after the last one
     for p, (n_keep, _) in zip(parts, counts):
         keep, seq = token_mask[p.rows, :p.width], valid[p.rows, :p.width]  # (n, width)
@@ -251,7 +259,7 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
                 with torch.no_grad():
                     ref = completion_hidden(ref_model, p.input_ids, p.attention_mask, p.start)
                     ref_logp = head_logprobs(ref_model, ref, targets, keep, *head)[0]
-        loss, st = d3s.policy_loss(logp, old, adv[p.rows], keep, num_tokens, loss=cfg.loss,
+        loss, st = d3s.policy_loss(logp, old, adv[p.rows], keep, div[p.rows], loss=cfg.loss,
                                    eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
                                    ref_logp=ref_logp, beta=cfg.beta, seq_mask=seq)
         loss.backward()

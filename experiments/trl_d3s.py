@@ -41,8 +41,11 @@ TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the ste
   7. TRL's own loss runs on each micro-batch. The kept tokens become its loss mask (tool_mask: the
      loss uses completion_mask * tool_mask, the attention completion_mask alone), and the step's
      kept-token count becomes the divisor of loss_type="dapo": the sum over kept tokens / kept
-     tokens of the step, as train.py. GRPO and GSPO are TRL's (--importance_sampling_level token |
-     sequence).
+     tokens of the step, train.py's --divisor kept, for every method and loss (train.py's defaults
+     differ for --method entropy, valid, and --loss gspo, seq). GRPO and GSPO are TRL's
+     (--importance_sampling_level token | sequence).
+The random controls (d3s-random, d1s-cross-random) draw from torch's global generator, which TRL
+seeds with --seed (train.py: the step's own generator), and skip the entropy pass of step 5.
 The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps;
 d3s.applied_ratios turns its values into the ratios the method applies (1 where it keeps every
 rollout or token, the 80/20 baseline's fixed 0.2 of tokens), as train.py does.
@@ -71,9 +74,10 @@ What is not the same as train.py:
   - GSPO's sequence ratio averages log(pi / pi_old) over the kept tokens (TRL averages over its loss
     mask), train.py's over all valid tokens of the rollout. On-policy (num_iterations 1 and
     steps_per_generation = gradient_accumulation_steps, TRL's default) every ratio is 1 and the
-    gradient is exactly train.py's GSPO-token gradient; the two part ways only off-policy. TRL's
+    gradient is exactly train.py's GSPO-token gradient under --divisor kept (train.py's --loss gspo
+    defaults to seq, the GSPO paper's mean per sequence); the two part ways only off-policy. TRL's
     warning that 'dapo' with sequence-level ratios weights sequences by length is expected: that is
-    the token mean of docs/algorithm.md.
+    the kept-token mean of docs/algorithm.md.
   - GSPO's clip range is TRL's --epsilon / --epsilon_high, 0.2 unless given; train.py's --loss gspo
     defaults to GSPO's 3e-4 / 4e-4. Pass them. (On-policy the clip never acts.)
   - Only loss_type="dapo" (TRL's default) is accepted: its divisor is the step's token count, which
@@ -125,8 +129,8 @@ RATIOS = ("s_init", "s_final", "t_init", "t_final")
 @dataclass
 class D3SConfig(GRPOConfig):
     method: str = field(default="d3s", metadata={
-        "help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy (d3s.METHODS, the "
-                "named methods of docs/algorithm.md)"})
+        "help": "grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy | d3s-random | "
+                "d1s-cross-random (d3s.METHODS, the named methods of docs/algorithm.md)"})
     s_init: float = field(default=0.25, metadata={
         "help": "rho_s at the first step: share of rollouts kept [ours]"})
     s_final: float = field(default=0.75, metadata={"help": "rho_s at the last step [ours]"})
@@ -321,6 +325,8 @@ class D3STrainer(GRPOTrainer):
         metrics = {}
         if self.method["token"] == "none":
             kept = valid
+        elif self.method["token"] == "random":  # the control: no score, so no entropy pass
+            kept = self._select_tokens(None, valid, rho_t)
         else:
             entropy = self._entropy(part)  # (R, C)
             scores = d3s.token_scores(part["advantages"], entropy, self.method["token"])  # (R, C)
@@ -362,17 +368,19 @@ class D3STrainer(GRPOTrainer):
         return entropy
 
     def _select_tokens(self, scores, valid, keep):
-        """Step 6: the top `keep` of every process's scores, chosen once; this process's rows."""
+        """Step 6: the top `keep` of every process's scores (None: a uniform draw, the random
+        control), chosen once; this process's rows."""
         acc = self.accelerator
         # every process's scores, (processes * R, C_max)
-        all_scores = acc.gather(acc.pad_across_processes(scores.float(), dim=1))
+        all_scores = None if scores is None else \
+            acc.gather(acc.pad_across_processes(scores.float(), dim=1))
         all_valid = acc.gather(acc.pad_across_processes(valid.long(), dim=1)).bool()
         if all_valid.any():
             kept = d3s.select_tokens(all_scores, all_valid, keep)
         else:  # every kept rollout has an empty mask (mask_truncated_completions): nothing to train
             kept = all_valid
         kept = broadcast(kept.long()).bool()
-        rows, width = scores.shape
+        rows, width = valid.shape
         return kept[acc.process_index * rows:(acc.process_index + 1) * rows, :width]
 
 

@@ -8,13 +8,19 @@ the command line. train.py says what each knob is; this file says how a value re
 Where a value comes from, in this order:
   1. the command line (--lr 2e-6), or the knobs a caller of train.train() passes as `given`;
   2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one
-     value per kind of run on that same line: a tiny world's own (tiny_long=64), else `tiny` for the
-     tiny worlds and `real` for a real model, or `grpo` / `gspo` by --loss. Edit the one you mean.
+     value per kind of run on that same line, the first of these keys it has: a tiny world's own
+     (tiny_long=64), `tiny` for the tiny worlds or `real` for a real model, the loss (`grpo` /
+     `gspo`, by --loss), the method (`method_` and its name, method_d1s_cross=...: the prefix keeps
+     method grpo apart from loss grpo), else its first value (named `default` where no kind of run
+     owns it). So when the loss and the method both name a value, the loss wins: --method entropy
+     --loss gspo divides by seq, GSPO's objective being a mean per sequence whatever tokens a
+     method keeps. Edit the one you mean.
 Nothing else decides a value: config.json in the run folder records every knob as it ran.
 
-A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5),
-and config.json records the keep ratios each method applies (1 where it keeps everything). Bad
-values are one line on stderr and exit code 2 (main).
+A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5,
+--minibatch_size 32 --updates_per_batch 4), and config.json records the keep ratios each method
+applies (1 where it keeps everything) and updates_per_batch 0 when --minibatch_size sets the
+updates. Bad values are one line on stderr and exit code 2 (main).
 
 [ours] The command line is plain argparse over the dataclass, with each knob's help read from its
 trailing comment in the config block. transformers' HfArgumentParser (what TRL's scripts use) would
@@ -41,11 +47,12 @@ def pick(**values):
     return dataclasses.field(default=next(iter(values.values())), metadata={"pick": values})
 
 
-def picked(field, world, loss):
-    """The value of a pick() knob for a run on tiny world `world` (None: a real model) with
-    `loss`."""
+def picked(field, world, loss, method):
+    """The value of a pick() knob for a run on tiny world `world` (None: a real model) with `loss`
+    and `method` (the docstring has the order)."""
     values = field.metadata["pick"]
-    for key in ((world or "").replace("-", "_"), "tiny" if world else "real", loss):
+    for key in ((world or "").replace("-", "_"), "tiny" if world else "real", loss,
+                "method_" + method.replace("-", "_")):
         if key in values:
             return values[key]
     return field.default
@@ -64,9 +71,15 @@ def resolve(cfg, given=None):
     world = tiny.world_of(cfg.model)
     if cfg.loss not in d3s.LOSSES:  # before the loss chooses the clip range
         raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
-    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss)
+    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss, cfg.method)
                                       for f in dataclasses.fields(cfg)
                                       if "pick" in f.metadata and f.name not in given})
+    if cfg.minibatch_size > 0:  # M rollouts per update set the updates: K is recorded as 0
+        if "updates_per_batch" in given and cfg.updates_per_batch != 0:
+            raise ValueError(f"--updates_per_batch {cfg.updates_per_batch} does not apply with "
+                             f"--minibatch_size {cfg.minibatch_size}, which sets the updates per "
+                             f"step (ceil(kept / M)); give one of the two")
+        cfg.updates_per_batch = 0
     cfg.out_dir = cfg.out_dir or run_folder(cfg, given)
     check(cfg)
     for name, (value, why) in applied_ratios(cfg).items():
@@ -137,8 +150,12 @@ def check(cfg):
          f"--group_size must be at least 2 (advantages compare rollouts of a prompt), "
          f"got {cfg.group_size}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size",
-                 "logprob_chunk", "updates_per_batch"):
+                 "logprob_chunk") + ("updates_per_batch",) * (cfg.minibatch_size <= 0):
         must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    must(cfg.minibatch_size >= 0, f"--minibatch_size must be at least 0 (0: --updates_per_batch "
+         f"sets the updates), got {cfg.minibatch_size}")
+    must(cfg.divisor in d3s.DIVISORS,
+         f"--divisor must be one of {', '.join(d3s.DIVISORS)}, got {cfg.divisor!r}")
     for name in ("eval_every", "save_every"):
         must(getattr(cfg, name) >= 0,
              f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
@@ -180,10 +197,18 @@ def parse_bool(text):
 
 
 def knob_comments(config_class):
-    """{knob: its trailing comment in the config block}, for --help."""
-    lines = inspect.getsource(config_class).splitlines()
-    return {m.group(1): m.group(2)
-            for m in map(re.compile(r"\s+(\w+): \w+ = .*?  # (.*)").fullmatch, lines) if m}
+    """{knob: its trailing comment in the config block}, for --help. A comment may go on in the
+    lines below it, each a comment alone whose # stands under the knob's #."""
+    comments, knob, column = {}, None, -1
+    for line in inspect.getsource(config_class).splitlines():
+        m = re.fullmatch(r"\s+(\w+): \w+ = .*?  # (.*)", line)
+        if m:
+            knob, column, comments[m.group(1)] = m.group(1), m.start(2) - 2, m.group(2)
+        elif knob and line.find("# ") == column and not line[:column].strip():
+            comments[knob] += " " + line[column + 2:]
+        else:
+            knob = None
+    return comments
 
 
 def parse_args(config_class, argv, description=""):

@@ -69,15 +69,16 @@ def step_line(r, K):
     if r["no_signal"]:
         update = "upd skipped: no signal"  # NO_SIGNAL
     else:
-        parts = min(K, r["kept"])  # the mini-batches: K, or one a rollout when fewer were kept
+        # the mini-batches: K, or one a rollout when fewer were kept; K = 0: --minibatch_size's
+        parts = r.get("minibatches", min(K, r["kept"]))
         why = {"no signal": parts - len(r["losses"]), "zero grad": r["zero_grad"],
                "non-finite": r["nonfinite"]}
+        why = ", ".join(f"{n} {w}" for w, n in why.items() if n)
         grad = "-" if r["grad_norm"] is None else f"{r['grad_norm']:.2f}"
-        update = f"grad {grad}" + (f" | updates {r['updates']}/{parts} ("
-                                   + ", ".join(f"{n} {w}" for w, n in why.items() if n) + ")"
-                                   if r["updates"] < parts else "")
+        update = f"grad {grad}" + (f" | updates {r['updates']}/{parts}" + f" ({why})" * bool(why)
+                                   if r["updates"] < parts or K == 0 else "")
         update += (f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}"
-                   if K > 1 else "")
+                   if K != 1 else "")
     return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | "
             f"kept {r['kept']}/{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | "
             f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {r['entropy']:.2f} | "

@@ -154,6 +154,11 @@ def _used(knob, config):
     ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
     import d3s  # here: `import plots` needs no torch
     method = d3s.METHODS.get(config.get("method"))
+    if knob == "divisor":  # the divisor its method and loss pick (train.py's line) repeats them
+        import train
+        from machinery.config import picked
+        return config.get(knob) != picked(train.Config.__dataclass_fields__[knob], None,
+                                          config.get("loss", "grpo"), config.get("method") or "")
     if knob not in RATIOS or method is None:
         return True
     if method[RATIOS[knob]] == "none" or (RATIOS[knob] == "token" and "t_keep" in method):
@@ -452,6 +457,8 @@ TOKEN_RULES = {
                    "(advantage times entropy), pooled over the step.",
     "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 "
                "rule), pooled over the step.",
+    "random": "the share ρt of the kept rollouts' tokens, at random (a control): nothing is scored "
+              "or shaded.",
 }
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score

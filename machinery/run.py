@@ -279,18 +279,20 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
     where = f"the {world} world's values" if world else "a real model's values"
     resumed = "" if state is None else f" | resuming at step {state['step']}" + "".join(
         f"; --{k} {a} -> {b}" for k, (a, b) in state["changed"].items())
-    schedule = (f"rho_s {cfg.s_init:g}->{cfg.s_final:g}, rho_t {cfg.t_init:g}->{cfg.t_final:g}"
-                if m["schedule"] == "linear" else
-                f"rho_s {cfg.s_init:g}, rho_t {cfg.t_init:g} (constant)")
+    ends = [d3s.applied_ratios(cfg.method, *d3s.keep_ratios(step, cfg.steps, m["schedule"],
+            cfg.s_init, cfg.s_final, cfg.t_init, cfg.t_final)) for step in (0, cfg.steps - 1)]
+    keep = ", ".join(f"{n} {a:g}" + (f"->{b:g}" if b != a else "") for n, a, b in
+                     zip(("rho_s", "rho_t"), *ends)) + (" (fixed)" if ends[0] == ends[1] else "")
     return [f"run {cfg.out_dir} | {cfg.model} on {device}, {where}{resumed}",
             f"data {n_train} train / {n_eval} held-out: "
             f"{describe(cfg.dataset, 'test', cfg.data_dir or None)}",
             f"method {cfg.method} ({m['sample']} samples, {m['token']} tokens, "
-            f"{m['schedule']} schedule) + {cfg.loss} loss | keep {schedule}",
+            f"{m['schedule']} schedule) + {cfg.loss} loss, divisor {cfg.divisor} | keep {keep}",
             f"steps {cfg.steps} of {cfg.prompts_per_step} prompts x {cfg.group_size} = "
             f"{cfg.prompts_per_step * cfg.group_size} rollouts, "
             f"max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature:g} | "
-            f"K {cfg.updates_per_batch} updates per step, {cfg.optimizer} lr {cfg.lr:g}"]
+            + (f"M {cfg.minibatch_size} rollouts per update" if cfg.minibatch_size > 0 else
+               f"K {cfg.updates_per_batch} updates per step") + f", {cfg.optimizer} lr {cfg.lr:g}"]
 
 
 def out_of_memory(cfg, step, saved):

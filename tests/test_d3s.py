@@ -214,6 +214,30 @@ def test_random_reproducible_with_generator():
     for idx in runs:
         assert idx.numel() == 10 and (idx[1:] > idx[:-1]).all() and idx.max() < 40
 
+
+def chi_square(counts, expected):
+    return ((counts - expected) ** 2 / expected).sum().item()
+
+
+def test_random_rollouts_match_cross_counts_and_are_uniform():
+    """The d3s-random control: as many rollouts as cross keeps at the same ratio, and over many
+    draws every rollout as likely (a chi-square a biased draw, e.g. the first rollouts, fails)."""
+    gen = torch.Generator().manual_seed(11)
+    r = torch.randint(0, 2, (32,), generator=gen).float()
+    a = d3s.group_advantages(r, 8)
+    for keep in (0.1, 0.25, 0.5, 0.75, 1.0):
+        cross = d3s.select_samples(r, a, 8, keep, "cross")[0]
+        rand, kept_a = d3s.select_samples(r, a, 8, keep, "random", gen)
+        assert len(rand) == len(cross) and torch.equal(kept_a, a[rand])  # A as it is
+    draws = 4000
+    counts = torch.zeros(32)
+    for _ in range(draws):
+        counts[d3s.select_samples(r, a, 8, 0.25, "random", gen)[0]] += 1  # 8 of 32 per draw
+    expected = draws * 8 / 32
+    # df 31: the 1e-6 tail starts near 85; the first 8 rollouts every time would score 96000
+    assert chi_square(counts, torch.full((32,), expected)) < 85
+    assert chi_square(torch.tensor([draws] * 8 + [0.0] * 24), torch.full((32,), expected)) > 1e4
+
 # -----------------------------------------------------------------------------
 # token selection
 
@@ -224,6 +248,34 @@ def test_token_scores_hand_computed():
     torch.testing.assert_close(d3s.token_scores(A, H, "adv_entropy"),
                                torch.tensor([[2.0, 0.2, 6.0], [1.0, 2.0, 0.0]]))
     torch.testing.assert_close(d3s.token_scores(A, H, "entropy"), H)
+    assert d3s.token_scores(A, None, "random") is None  # the control scores nothing, needs no H
+
+
+def test_random_tokens_match_d3s_counts_are_uniform_and_replay():
+    """The random token mode: exactly D3S's count, round(rho_t * valid) pooled over the step, never
+    a masked position; every valid token equally likely over many draws; one generator state, one
+    draw."""
+    mask = torch.tensor([[True, True, True, False, False, False],
+                         [True, True, True, True, True, True]])  # 9 valid of 12
+    scores = torch.arange(12.0).view(2, 6)
+    gen = torch.Generator().manual_seed(3)
+    for keep in (0.01, 0.2, 1 / 3, 0.6, 1.0):
+        d3s_kept = d3s.select_tokens(scores, mask, keep)
+        rand = d3s.select_tokens(None, mask, keep, gen)
+        assert rand.sum() == d3s_kept.sum() == max(1, int(keep * 9 + 0.5))
+        assert not (rand & ~mask).any() and rand.dtype == torch.bool and rand.shape == mask.shape
+    draws, counts = 3000, torch.zeros(2, 6)
+    for _ in range(draws):
+        counts += d3s.select_tokens(None, mask, 1 / 3, gen)  # 3 of 9 per draw
+    assert (counts[~mask] == 0).all()
+    # df 8: the 1e-6 tail starts near 44; the top-3 scores every time would score 6000
+    assert chi_square(counts[mask], torch.full((9,), draws / 3)) < 44
+    assert chi_square(draws * d3s.select_tokens(scores, mask, 1 / 3)[mask].float(),
+                      torch.full((9,), draws / 3)) > 1e3
+    again = [d3s.select_tokens(None, mask, 0.5, torch.Generator().manual_seed(s)) for s in (5, 5)]
+    assert torch.equal(*again)
+    assert len({tuple(d3s.select_tokens(None, mask, 0.5, torch.Generator().manual_seed(s))
+                      .flatten().tolist()) for s in range(10)}) > 1
 
 
 def test_select_tokens_pooled_masked_exact():
@@ -277,7 +329,8 @@ def test_applied_ratios_by_hand():
     # what each method trains with when the schedule says (0.4, 0.3): 1 where it keeps everything,
     # the 80/20 baseline's fixed 0.2 of tokens, the scheduled value where the method selects
     want = {"grpo": (1.0, 1.0), "pods": (0.4, 1.0), "d1s": (0.4, 1.0), "d1s-cross": (0.4, 1.0),
-            "d2s": (0.4, 0.3), "d3s": (0.4, 0.3), "d3s-i": (0.4, 0.3), "entropy": (1.0, 0.2)}
+            "d2s": (0.4, 0.3), "d3s": (0.4, 0.3), "d3s-i": (0.4, 0.3), "entropy": (1.0, 0.2),
+            "d3s-random": (0.4, 0.3), "d1s-cross-random": (0.4, 1.0)}  # their twins' ratios
     assert {m: d3s.applied_ratios(m, 0.4, 0.3) for m in d3s.METHODS} == want
     assert d3s.applied_ratios("entropy", 0.4, 0.9) == (1.0, 0.2)  # fixed, whatever the schedule
     assert d3s.applied_ratios("d3s", 1, 1) == (1.0, 1.0)
@@ -334,13 +387,15 @@ def random_batch(gen, N=6, T=5):
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "gspo"])
-def test_policy_loss_micro_batches_sum_to_full_batch(loss_type):
+@pytest.mark.parametrize("divisor", [None, *d3s.DIVISORS])  # None: the count, one number
+def test_policy_loss_micro_batches_sum_to_full_batch(loss_type, divisor):
     gen = torch.Generator().manual_seed(5)
     theta, old, A, tmask, smask = random_batch(gen)
+    tmask[4] = False  # a rollout with no kept token: no term, and not one of seq's S
     eps = (dict(eps_low=0.2, eps_high=0.2) if loss_type == "grpo"
            else dict(eps_low=0.03, eps_high=0.04))
     ref = old + 0.1
-    num = int(tmask.sum())
+    num = int(tmask.sum()) if divisor is None else d3s.divisors(tmask, smask, divisor)
     full = theta.clone().requires_grad_()
     loss, _ = d3s.policy_loss(full, old, A, tmask, num, loss=loss_type, seq_mask=smask,
                               ref_logp=ref, beta=0.1, **eps)
@@ -348,13 +403,64 @@ def test_policy_loss_micro_batches_sum_to_full_batch(loss_type):
     micro = theta.clone().requires_grad_()
     total = 0.0
     for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part, _ = d3s.policy_loss(micro[rows], old[rows], A[rows], tmask[rows], num, loss=loss_type,
+        d = num if divisor is None else num[rows]  # the whole update's d_i, each micro-batch's own
+        part, _ = d3s.policy_loss(micro[rows], old[rows], A[rows], tmask[rows], d, loss=loss_type,
                                   seq_mask=smask[rows], ref_logp=ref[rows], beta=0.1, **eps)
         part.backward()
         total += part.item()
     assert total == pytest.approx(loss.item())
     torch.testing.assert_close(micro.grad, full.grad)
     assert full.grad.abs().sum() > 0
+
+
+def test_divisors_hand_computed_2x6():
+    """Each divisor on one on-policy update (ratio 1, l_t = -A_i), by hand. Row 0: 4 valid tokens,
+    2 kept, A = 1; row 1: 6 valid, 3 kept, A = -2. So 5 kept, 10 valid, S = 2 rollouts with a kept
+    token; the kept tokens' terms sum to -1 * 2 + 2 * 3 = 4 and d l / d logp_t = -A_i / d_i."""
+    valid = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    kept = torch.tensor([[1, 0, 1, 0, 0, 0], [0, 1, 0, 1, 0, 1]], dtype=torch.bool)
+    A = torch.tensor([1.0, -2.0])
+    want = {  # divisor: (d_i, loss, gradient of a kept token in row 0, in row 1)
+        "kept": ([5, 5], 4 / 5, -1 / 5, 2 / 5),  # [ours]: sum / the update's 5 kept tokens
+        "valid": ([10, 10], 4 / 10, -1 / 10, 2 / 10),  # 80/20, DAPO: / the 10 valid tokens
+        "seq": ([4, 6], -2 / 4 + 6 / 6, -1 / 4, 2 / 6),  # GRPO, GSPO: (mean_0 + mean_1) / S
+    }
+    for divisor, (d, value, g0, g1) in want.items():
+        assert d3s.divisors(kept, valid, divisor).tolist() == d
+        for loss_type in d3s.LOSSES:  # on-policy, GSPO's gradient is GRPO's under each divisor
+            logp = torch.zeros(2, 6, requires_grad=True)
+            d_i = d3s.divisors(kept, valid, divisor)
+            loss, _ = d3s.policy_loss(logp, logp.detach(), A, kept, d_i, loss=loss_type,
+                                      seq_mask=valid)
+            loss.backward()
+            assert loss.item() == pytest.approx(value), (divisor, loss_type)
+            grad = torch.zeros(2, 6)
+            grad[0, kept[0]], grad[1, kept[1]] = g0, g1
+            torch.testing.assert_close(logp.grad, grad)
+    # a third rollout with valid tokens but none kept: no term, not one of S, yet `valid` counts it
+    valid3, kept3 = torch.cat([valid, valid[1:]]), torch.cat([kept, torch.zeros(1, 6).bool()])
+    assert d3s.divisors(kept3, valid3, "seq").tolist() == [4, 6, 1]  # 1: its sum is 0 anyway
+    assert d3s.divisors(kept3, valid3, "kept").tolist() == [5, 5, 5]
+    assert d3s.divisors(kept3, valid3, "valid").tolist() == [16, 16, 16]
+
+
+def test_gspo_seq_weighs_every_sequence_equally():
+    """The GSPO paper's objective, (1/G) sum_i min(s_i A_i, clip(s_i) A_i): sequences of 2 and 8
+    tokens with equal advantages get equal total weight (the gradient w.r.t. each sequence's logp,
+    summed over its tokens); the kept-token mean gives the long one 4 times the weight."""
+    valid = torch.zeros(2, 8, dtype=torch.bool)
+    valid[0, :2], valid[1, :] = True, True
+    A = torch.tensor([0.5, 0.5])
+    totals = {}
+    for divisor in ("seq", "kept"):
+        logp = torch.zeros(2, 8, requires_grad=True)
+        d_i = d3s.divisors(valid, valid, divisor)
+        loss, _ = d3s.policy_loss(logp, logp.detach(), A, valid, d_i, loss="gspo", eps_low=3e-4,
+                                  eps_high=4e-4)
+        loss.backward()
+        totals[divisor] = logp.grad.sum(dim=1).tolist()
+    assert totals["seq"] == pytest.approx([-0.25, -0.25])  # 2 * -A / (2 * 2) = 8 * -A / (8 * 2)
+    assert totals["kept"] == pytest.approx([-0.1, -0.4])  # -A n_i / 10: weighted by length
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "gspo"])
@@ -455,10 +561,12 @@ def test_methods_table():
         "d1s-cross": ("cross", "none"), "d2s": ("cross", "adv_entropy"),
         "d3s": ("cross", "adv_entropy"),
         "d3s-i": ("intra", "adv_entropy"), "entropy": ("none", "entropy"),
+        "d3s-random": ("random", "random"), "d1s-cross-random": ("random", "none"),
     }
     assert {m: (c["sample"], c["token"]) for m, c in d3s.METHODS.items()} == expected
     schedules = {m: c["schedule"] for m, c in d3s.METHODS.items()}
-    assert schedules == {m: ("linear" if m in ("d3s", "d3s-i") else "constant") for m in expected}
+    linear = ("d3s", "d3s-i", "d3s-random")
+    assert schedules == {m: ("linear" if m in linear else "constant") for m in expected}
     assert d3s.METHODS["entropy"]["t_keep"] == 0.2
     for c in d3s.METHODS.values():
         assert c["sample"] in d3s.SAMPLE_MODES and c["token"] in d3s.TOKEN_MODES
@@ -515,7 +623,7 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.select_samples(R4, A4, 2, 0.5, "pods", scale="x"),
      r"scale must be one of group, none"),
     (lambda: d3s.token_scores(A4[:2], LP, "none"),
-     r"mode must be one of adv_entropy, entropy; got 'none'"),
+     r"mode must be one of adv_entropy, entropy, random; got 'none'"),
     (lambda: d3s.token_scores(A4, LP, "entropy"),
      r"entropy has 2 rows, must match advantages \(4\)"),
     (lambda: d3s.token_scores(A4[:2], LP[0], "entropy"),
@@ -543,7 +651,7 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 0.2, -1),
      r"t_final must be in \(0, 1\], got -1"),
     (lambda: d3s.applied_ratios("d4s", 0.5, 0.5),
-     r"method must be one of grpo, pods, .*, entropy; got 'd4s'"),
+     r"method must be one of grpo, pods, .*, d1s-cross-random; got 'd4s'"),
     (lambda: d3s.applied_ratios("d3s", 0.0, 0.5), r"rho_s must be in \(0, 1\], got 0.0"),
     (lambda: d3s.applied_ratios("grpo", 0.5, 1.5), r"rho_t must be in \(0, 1\], got 1.5"),
     (lambda: d3s.population_variance(A4.view(2, 2)), r"x must be 1-D \(n,\), got shape \(2, 2\)"),
@@ -559,8 +667,17 @@ M = torch.ones(2, 3, dtype=torch.bool)
      r"token_mask must be a bool tensor, got torch.float32"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, seq_mask=~M),
      r"token_mask keeps a position that seq_mask marks invalid"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 5), r"num_tokens must be .* >= 6 .*got 5"),
-    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6.0), r"num_tokens must be .* got 6.0"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 5), r"divisor must be an integer >= 6 .*got 5"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6.0), r"divisor must be an integer .*got 6.0"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, "kept"), r"divisor must be .*got kept"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, torch.tensor([3, 2])),
+     r"divisor must be an integer >= 3 .*got tensor\(\[3, 2\]\)"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, torch.tensor([6, 6, 6])), r"divisor must be"),
+    (lambda: d3s.policy_loss(LP, LP, A4[:2], M, torch.tensor([6.0, 6.0])), r"divisor must be"),
+    (lambda: d3s.divisors(M, M, "mean"), r"divisor must be one of kept, valid, seq; got 'mean'"),
+    (lambda: d3s.divisors(M, M[:, :2], "kept"),
+     r"token_mask has shape \(2, 3\), must match seq_mask \(2, 2\)"),
+    (lambda: d3s.select_tokens(None, M[0], 0.5), r"mask must be 2-D \(N, T\), got shape \(3,\)"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_low=1.0),
      r"eps_low must be in \[0, 1\), got 1.0"),
     (lambda: d3s.policy_loss(LP, LP, A4[:2], M, 6, eps_high=-0.1),

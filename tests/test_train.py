@@ -53,7 +53,8 @@ def test_steps_change_the_model_and_write_log_config_checkpoint(tmp_path, tiny_d
 # the keep ratios each method applies, as config.json records them: (s_init, s_final, t_init, t_final)
 APPLIED = {"grpo": (1.0, 1.0, 1.0, 1.0), "pods": (0.25, 0.25, 1.0, 1.0), "d1s": (0.25, 0.25, 1.0, 1.0),
            "d1s-cross": (0.25, 0.25, 1.0, 1.0), "d2s": (0.25, 0.25, 0.2, 0.2), "d3s": (0.25, 0.75, 0.2, 0.6),
-           "d3s-i": (0.25, 0.75, 0.2, 0.6), "entropy": (1.0, 1.0, 0.2, 0.2)}
+           "d3s-i": (0.25, 0.75, 0.2, 0.6), "entropy": (1.0, 1.0, 0.2, 0.2),
+           "d3s-random": (0.25, 0.75, 0.2, 0.6), "d1s-cross-random": (0.25, 0.25, 1.0, 1.0)}
 
 
 @pytest.mark.parametrize("loss, K", [("grpo", 1), ("gspo", 2)])
@@ -74,10 +75,14 @@ def test_every_method_keeps_what_its_schedule_says(tmp_path, tiny_dir, loss, K):
             rho_s, rho_t = d3s.keep_ratios(r["step"], 2, "linear", *ratios)
             assert (r["rho_s"], r["rho_t"]) == pytest.approx((rho_s, rho_t)) and r["nonfinite"] == 0, method
             kept = {"none": 16, "cross": d3s.num_keep(rho_s, 16), "intra": 4 * max(2, d3s.num_keep(rho_s, 4)),
-                    "pods": 4 * max(2, d3s.num_keep(rho_s, 4))}[spec["sample"]]
+                    "pods": 4 * max(2, d3s.num_keep(rho_s, 4)),
+                    "random": d3s.num_keep(rho_s, 16)}[spec["sample"]]
             assert r["kept"] == kept, (method, r["step"])
             if r["updates"] == K:  # every mini-batch had something to learn: all the kept tokens were trained
                 assert r["tokens"] == (r["valid"] if spec["token"] == "none" else d3s.num_keep(rho_t, r["valid"]))
+        # the selection page shades tokens by their score only where the method scores them
+        page = json.load(open(run_dir / "selection" / "step_000001.json"))
+        assert (page["score"] is None) == (spec["token"] in ("none", "random")), method
 
 
 BAD = [
@@ -98,6 +103,10 @@ BAD = [
     (["--method", "d2s", "--t_final", "0.9"], "--t_final 0.9 does not apply to --method d2s: it has no schedule"),
     (["--eval_every", "-1"], "--eval_every must be at least 0"),
     (["--updates_per_batch", "0"], "--updates_per_batch must be at least 1"),
+    (["--minibatch_size", "32", "--updates_per_batch", "4"],
+     "--updates_per_batch 4 does not apply with --minibatch_size 32"),
+    (["--minibatch_size", "-1"], "--minibatch_size must be at least 0"),
+    (["--divisor", "mean"], "--divisor must be one of kept, valid, seq, got 'mean'"),
     (["--steps"], "expected one argument"),
     (["--top_p", "0.9"], "unrecognized arguments: --top_p 0.9"),
     (["--out_dir", "/proc/no-such/run"], "cannot make the run folder /proc/no-such/run"),
@@ -121,6 +130,68 @@ def test_eval_and_save_every_0_mean_only_at_the_end_and_curves_are_drawn(tmp_pat
 
 
 # ----------------------------------------------------------------------------- the config block
+
+
+def resolved(*argv):
+    """The config of `python train.py ARGV`."""
+    return config.resolve(*config.parse_args(train.Config, list(argv)))
+
+
+def test_each_method_and_loss_takes_its_papers_divisor_unless_given():
+    assert {m: resolved("--method", m).divisor for m in d3s.METHODS} == {
+        m: "valid" if m == "entropy" else "kept" for m in d3s.METHODS}  # 80/20's; else [ours]
+    assert resolved("--loss", "gspo").divisor == "seq"  # GSPO's paper
+    assert resolved("--method", "grpo", "--loss", "gspo").divisor == "seq"  # method grpo: not loss
+    assert resolved("--method", "entropy", "--loss", "gspo").divisor == "seq"  # the loss wins
+    assert resolved("--method", "entropy", "--divisor", "kept").divisor == "kept"  # given: it holds
+    assert resolved("--divisor", "valid").out_dir == os.path.join("out", "d3s-tiny-divisor=valid")
+    assert resolved("--method", "entropy").out_dir == os.path.join("out", "entropy-tiny")
+    # the keys of one line: a world, tiny/real, the loss, then method_NAME, then the first value
+    knob = config.pick(default=0, grpo=1, gspo=2, method_grpo=3, method_d1s_cross=4)
+    assert config.picked(knob, None, "gspo", "grpo") == 2  # the loss's gspo, never method grpo's
+    assert config.picked(knob, "tiny", "grpo", "d1s-cross") == 1  # the loss wins
+    by_method = config.pick(default=0, tiny_weak=5, method_grpo=3, method_d1s_cross=4)
+    runs = [(None, "grpo"), (None, "d1s-cross"), ("tiny", "d3s"), ("tiny-weak", "grpo")]
+    assert [config.picked(by_method, w, "gspo", m) for w, m in runs] == [3, 4, 0, 5]
+
+
+def test_minibatch_size_sets_the_updates_and_k_is_recorded_as_0():
+    cfg = resolved("--minibatch_size", "32")
+    assert (cfg.minibatch_size, cfg.updates_per_batch) == (32, 0)
+    assert config.resolve(cfg) == cfg  # resolved again (a resume's saved config): the same
+    assert resolved("--minibatch_size", "32", "--updates_per_batch", "0").updates_per_batch == 0
+    assert cfg.out_dir == os.path.join("out", "d3s-tiny-minibatch_size=32")
+    assert resolved().updates_per_batch == 4 and resolved().minibatch_size == 0  # fixed K: default
+
+
+def halfway(step, total_steps, schedule, s_init, s_final, t_init, t_final):
+    """A schedule a learner might add: linear, but it stops halfway to the final ratios."""
+    p = min(step / max(total_steps - 1, 1), 0.5)
+    return (1 - p) * s_init + p * s_final, (1 - p) * t_init + p * t_final
+
+
+def test_the_first_lines_describe_any_schedule_by_the_ratios_it_applies(monkeypatch):
+    from machinery.run import first_lines
+
+    def lines(*argv):
+        return "\n".join(first_lines(resolved(*argv), "tiny", "cpu", None, 10, 2))
+    assert ("+ grpo loss, divisor kept | keep rho_s 0.25->0.75, rho_t 0.2->0.6\n" in lines()
+            and "| K 4 updates per step, adamw" in lines())
+    assert "keep rho_s 1, rho_t 1 (fixed)" in lines("--method", "grpo")
+    assert "keep rho_s 0.25, rho_t 0.2 (fixed)" in lines("--method", "d2s")
+    assert "divisor valid | keep rho_s 1, rho_t 0.2 (fixed)" in lines("--method", "entropy")
+    assert "keep rho_s 0.25, rho_t 1 (fixed)" in lines("--method", "d1s-cross-random")
+    assert "gspo loss, divisor seq | keep rho_s 0.25->0.75" in lines("--loss", "gspo")
+    assert "| M 32 rollouts per update, adamw" in lines("--minibatch_size", "32")
+    monkeypatch.setattr(d3s, "SCHEDULES", d3s.SCHEDULES + ("halfway",))
+    real = d3s.keep_ratios
+    monkeypatch.setattr(d3s, "keep_ratios",
+                        lambda *a: halfway(*a) if a[2] == "halfway" else real(*a))
+    monkeypatch.setitem(d3s.METHODS, "d3s", dict(d3s.METHODS["d3s"], schedule="halfway"))
+    # not "(constant)", not s_final: the ratios the schedule applies at the first and last step
+    assert "halfway schedule) + grpo loss, divisor kept | keep rho_s 0.25->0.5, rho_t 0.2->0.4" in \
+        lines("--steps", "5")
+    assert "keep rho_s 0.25, rho_t 0.2 (fixed)" in lines("--steps", "1")  # one step: p = 0
 
 
 def real_model_folder(path):
@@ -178,6 +249,13 @@ def test_help_shows_every_knob_its_values_and_its_comment(capsys):
         for value in f.metadata.get("pick", {"": f.default}).values():
             assert "".join(repr(value).split()) in text, f.name
     assert "(tiny5e-05,real1e-06)" in text and "(grpo0.2,gspo0.0003)" in text
+    assert "(default'kept',method_entropy'valid',gspo'seq')" in text  # --divisor's three
+    # a comment that goes on below its knob's line is all of its help
+    assert "entropy|therandomcontrolsd3s-random|d1s-cross-random(default'd3s')" in text
+    for knob, words in [("eval_every", "0: only those"), ("save_every", "0: only those"),
+                        ("wandb", "pip install wandb"), ("clip_eps_low", "(gspo: GSPO's own)"),
+                        ("max_new_tokens", "cut-off rollouts: docs/grading.md")]:
+        assert "".join(words.split()) in "".join(comments[knob].split()), knob
 
 
 def test_each_knob_takes_its_value_for_the_run():

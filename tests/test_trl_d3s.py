@@ -189,7 +189,8 @@ def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
     # as train.py: a keep ratio away from its default, which the method would not read, is refused
     uses = {"grpo": set(), "pods": {"s_init"}, "d1s": {"s_init"}, "d1s-cross": {"s_init"},
             "d2s": {"s_init", "t_init"}, "d3s": set(trl_d3s.RATIOS), "d3s-i": set(trl_d3s.RATIOS),
-            "entropy": set()}  # without a schedule no *_final is read
+            "entropy": set(), "d3s-random": set(trl_d3s.RATIOS),
+            "d1s-cross-random": {"s_init"}}  # without a schedule no *_final is read
     refused = {}
     for method in d3s.METHODS:
         for name in trl_d3s.RATIOS:
@@ -242,6 +243,8 @@ APPLIED = {
     "d3s":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
     "d3s-i":     (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
     "entropy":   ({}, [(1, 0.2), (1, 0.2)]),
+    "d3s-random":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
+    "d1s-cross-random": (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
 }
 
 
@@ -251,13 +254,27 @@ def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
     knobs, ratios = APPLIED[method]
     trainer = make_trainer(tmp_path, method, per_device=8, accumulation=2, **knobs)
     batch, rewards, entropy = synthetic(16, seed=1)
-    trainer._get_per_token_logps_and_entropies = fake_entropy(entropy)
+    m = d3s.METHODS[method]
+    random = "random" in (m["sample"], m["token"])
+
+    def no_entropy_pass(*args, **kwargs):  # the random control scores nothing
+        raise AssertionError("an entropy pass for the random token mode")
+    trainer._get_per_token_logps_and_entropies = (no_entropy_pass if m["token"] == "random" else
+                                                  fake_entropy(entropy))
     metrics = trainer._metrics["train"]
     for step, (rho_s, rho_t) in enumerate(ratios):
         micro = down_sample(trainer, local_rows(batch, 0, 16), rewards, step=step, steps=2)
         # the logged ratios are the method's, and they are the ones it selected with
         assert (metrics["d3s/rho_s"][-1], metrics["d3s/rho_t"][-1]) == pytest.approx((rho_s, rho_t))
         want = expected(batch, rewards, entropy, method, rho_s, rho_t)
+        if random:  # a uniform draw: D3S's counts of rollouts and tokens, valid tokens only
+            got, valid = trained(micro), batch["completion_mask"].bool()
+            assert len(got) == len(want) == d3s.num_keep(rho_s, 16)
+            assert all(adv == batch["advantages"][r].item() for r, (adv, _) in got.items())
+            assert all(valid[r, cols].all() for r, (_, cols) in got.items())
+            n_valid = int(valid[sorted(got)].sum())
+            assert sum(len(c) for _, c in got.values()) == d3s.num_keep(rho_t, n_valid)
+            want = got
         assert_same(trained(micro), want)
         assert len(micro) == 2
         kept_tokens = sum(len(cols) for _, cols in want.values())
@@ -271,7 +288,7 @@ def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
         assert metrics["d3s/var_adv"][-1] == pytest.approx(var_adv)
         assert metrics["d3s/var_kept"][-1] == pytest.approx(kept_adv.var(unbiased=False).item())
         # train.py's entropy: over the valid tokens of the kept rollouts
-        if d3s.METHODS[method]["token"] != "none":
+        if d3s.METHODS[method]["token"] in ("adv_entropy", "entropy"):  # scored: H was computed
             valid = batch["completion_mask"][rows].bool()
             assert metrics["d3s/entropy"][-1] == pytest.approx(entropy[rows][valid].mean().item())
 

@@ -109,19 +109,21 @@ def setup(tiny_dir):
 
 
 def cfg_for(**kw):
-    return config.resolve(train.Config(model="tiny", **kw))
+    return config.resolve(train.Config(model="tiny", **kw), given={"model", *kw})  # defaults too
 
 
 def grads(model):
     return [p.grad.clone() for p in model.parameters()]
 
 
-def reference_grads(model, kept, adv, token_mask, old_logp=None, loss="grpo", eps=(0.2, 0.2)):
+def reference_grads(model, kept, adv, token_mask, old_logp=None, loss="grpo", eps=(0.2, 0.2),
+                    divisor="kept"):
     """The plain computation: one full-width forward of every kept rollout, no span cut, no micro-batches."""
     model.zero_grad(set_to_none=True)
     logp, _ = token_logprobs(model, kept, with_entropy=False)
     old = logp.detach() if old_logp is None else old_logp
-    out, _ = d3s.policy_loss(logp, old, adv, token_mask, int(token_mask.sum()), loss=loss, eps_low=eps[0],
+    d_i = d3s.divisors(token_mask, kept.completion_mask, divisor)
+    out, _ = d3s.policy_loss(logp, old, adv, token_mask, d_i, loss=loss, eps_low=eps[0],
                              eps_high=eps[1], seq_mask=kept.completion_mask)
     out.backward()
     g = grads(model)
@@ -129,10 +131,11 @@ def reference_grads(model, kept, adv, token_mask, old_logp=None, loss="grpo", ep
     return out.item(), g
 
 
-def train_grads(model, kept, adv, token_mask, size, old_logp=None, loss="grpo"):
+def train_grads(model, kept, adv, token_mask, size, old_logp=None, loss="grpo", divisor="kept"):
     model.zero_grad(set_to_none=True)
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), size)
-    stats = train.backward(model, kept, parts, adv, token_mask, old_logp, cfg_for(loss=loss), no_precision)
+    cfg = cfg_for(loss=loss, divisor=divisor)
+    stats = train.backward(model, kept, parts, adv, token_mask, old_logp, cfg, no_precision)
     g = grads(model)
     model.zero_grad(set_to_none=True)
     return stats["loss"], g
@@ -187,9 +190,10 @@ def test_entropy_recorded_while_sampling_matches_the_training_forward(setup):
     assert ent[valid].mean() > 0.01  # a real distribution, not a degenerate one
 
 
-def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup):
+@pytest.mark.parametrize("divisor", d3s.DIVISORS)
+def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup, divisor):
     """K > 1: logp_old from the no-grad pass, ratios away from 1; still invariant to micro-batching,
-    for GRPO and GSPO."""
+    for GRPO and GSPO, under each divisor (d_i are taken once from the whole mini-batch)."""
     model, kept, adv = setup
     cfg = cfg_for()
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 5)
@@ -198,10 +202,10 @@ def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup)
     old_logp = old_logp + 0.05 * torch.randn_like(old_logp)  # a policy that has moved a little
     token_mask = d3s.select_tokens(d3s.token_scores(adv, entropy, "adv_entropy"), kept.completion_mask, 0.4)
     for loss in ("grpo", "gspo"):
-        ref_loss, ref = reference_grads(model, kept, adv, token_mask, old_logp, loss,
-                                        eps=(0.2, 0.2) if loss == "grpo" else (3e-4, 4e-4))
+        eps = (0.2, 0.2) if loss == "grpo" else (3e-4, 4e-4)
+        ref_loss, ref = reference_grads(model, kept, adv, token_mask, old_logp, loss, eps, divisor)
         for size in (2, 100):
-            got_loss, g = train_grads(model, kept, adv, token_mask, size, old_logp, loss)
+            got_loss, g = train_grads(model, kept, adv, token_mask, size, old_logp, loss, divisor)
             assert got_loss == pytest.approx(ref_loss, abs=1e-6)
             assert_same(g, ref)
 
@@ -221,15 +225,32 @@ def test_old_logprobs_are_the_plain_forward(setup):
 # ----------------------------------------------------------------------------- K > 1: the ratio and the clip
 
 
+def split(n, seed=0, K=4, M=0):
+    return train.minibatch_rows(n, train.Config(updates_per_batch=K, minibatch_size=M),
+                                torch.Generator().manual_seed(seed))
+
+
 def test_minibatch_rows_split_near_equal_and_k1_draws_nothing():
     g = torch.Generator().manual_seed(0)
     state = g.get_state()
-    assert [r.tolist() for r in train.minibatch_rows(5, 1, g)] == [[0, 1, 2, 3, 4]]
+    k1 = train.Config(updates_per_batch=1)
+    assert [r.tolist() for r in train.minibatch_rows(5, k1, g)] == [[0, 1, 2, 3, 4]]
     assert torch.equal(g.get_state(), state)  # K = 1 draws no random number: the old runs replay exactly
-    parts = train.minibatch_rows(10, 4, g)
+    parts = split(10)
     assert [len(p) for p in parts] == [3, 3, 2, 2]
     assert sorted(torch.cat(parts).tolist()) == list(range(10))
-    assert [len(p) for p in train.minibatch_rows(2, 4, g)] == [1, 1]  # fewer rollouts than K: no empty update
+    assert [len(p) for p in split(2)] == [1, 1]  # fewer rollouts than K: no empty update
+
+
+def test_a_fixed_minibatch_size_makes_ceil_kept_over_m_near_equal_updates():
+    """--minibatch_size M: ceil(N / M) mini-batches of near-equal size [ours], K's shuffle."""
+    same_as_k4 = split(128, seed=5, K=0, M=32)
+    assert [len(p) for p in same_as_k4] == [32] * 4  # 4 updates, exactly K = 4's
+    assert all(torch.equal(a, b) for a, b in zip(same_as_k4, split(128, seed=5, K=4)))
+    assert [len(p) for p in split(40, K=0, M=32)] == [20, 20]  # near-equal: not 32 + 8
+    assert [len(p) for p in split(97, K=0, M=32)] == [25, 24, 24, 24]
+    assert [p.tolist() for p in split(20, K=0, M=32)] == [list(range(20))]  # one: in order
+    assert all(torch.equal(a, b) for a, b in zip(split(97, 3, K=0, M=32), split(97, 3, K=0, M=32)))
 
 
 def test_second_update_moves_the_ratio_and_the_clip_zeroes_gradients(setup):
@@ -320,6 +341,39 @@ def test_k2_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
             assert a[key] == b[key], (a["step"], key)
     wa, wb = weights(tmp_path / "full" / "checkpoint"), weights(tmp_path / "cut" / "checkpoint")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_minibatch_size_and_random_controls_replay_exactly(tmp_path, tiny_dir):
+    """A d3s-random run with a fixed mini-batch size: the same seed draws the same rollouts, tokens
+    and mini-batches, so two runs, and one cut after step 0 and resumed, end in the same weights."""
+    kw = dict(SMALL, steps=3, method="d3s-random", minibatch_size=3, lr=1e-3, prompts_per_step=8,
+              group_size=4)
+    del kw["updates_per_batch"]  # M sets the updates: giving K too is refused
+    for name in ("a", "b"):
+        train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / name), **kw),
+                    log=lambda *a: None)
+
+    def interrupt_after_step_0(line):
+        if line.startswith("step    0 "):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw),
+                    log=interrupt_after_step_0)
+    train.train(train.Config(resume=str(tmp_path / "cut")), log=lambda *a: None)
+    a, b, cut = rows(tmp_path / "a"), rows(tmp_path / "b"), rows(tmp_path / "cut")
+    assert a == [{**r, **{k: a[i][k] for k in r if k.startswith("t_")}} for i, r in enumerate(b)]
+    for x, y in zip(a, cut):
+        for key in ("reward", "kept", "tokens", "losses", "grad_norm", "updates", "minibatches"):
+            assert x[key] == y[key], (x["step"], key)
+    # kept 0.25 -> 0.75 of 32 rollouts at M = 3: ceil(8 / 3) = 3 updates, then up to 24 / 3 = 8
+    assert [r["minibatches"] for r in a if not r["no_signal"]] == [-(-r["kept"] // 3) for r in a
+                                                                   if not r["no_signal"]]
+    assert a[0]["kept"] == 8 and a[-1]["kept"] == 24
+    assert any(r["updates"] > 1 for r in a)
+    wa, wb, wc = (weights(tmp_path / n / "checkpoint") for n in ("a", "b", "cut"))
+    assert all(torch.equal(wa[k], wb[k]) and torch.equal(wa[k], wc[k]) for k in wa)
+    with open(tmp_path / "a" / "config.json") as f:
+        assert '"updates_per_batch": 0' in f.read()  # M sets the updates: K is recorded as 0
 
 
 def test_tiny_worlds_are_known():
