@@ -781,20 +781,31 @@ document.body.append(pre);
 </script>"""
 
 
+def rgb(colour):
+    """"#d55e00" -> "rgb(213, 94, 0)", as getComputedStyle writes it."""
+    return "rgb({}, {}, {})".format(*(int(colour[i:i + 2], 16) for i in (1, 3, 5)))
+
+
+def computed_looks(tmp_path, record):
+    """The record's page in headless Chromium with PROBE added: {mark: its computed style, or None
+    when the page has no such mark}."""
+    browser = browser_or_skip()
+    page = tmp_path / "probe.html"
+    page.write_text(plots.selection_html(record).replace("</body>", PROBE + "</body>"),
+                    encoding="utf-8")
+    out = run_browser(browser, page, tmp_path, "--dump-dom")
+    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
+    return json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
+
+
 def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_path, d3s_step):
     """A dropped rollout is grey and struck through; a kept rollout's untrained token is the page's
     dark text (on its score's shade); a trained token is bold and underlined in vermillion. The
     legend shows each as the rows do."""
-    browser = browser_or_skip()
-    page = tmp_path / "probe.html"
-    text = plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>")
-    page.write_text(text, encoding="utf-8")
-    out = run_browser(browser, page, tmp_path, "--dump-dom")
-    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
-    looks = json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
+    looks = computed_looks(tmp_path, d3s_step[-1])
     trained, untrained, dropped = looks["trained"], looks["untrained"], looks["dropped"]
     body = looks["body"]
-    vermillion = "rgb({}, {}, {})".format(*(int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)))
+    vermillion = rgb(plots.VERMILLION)
     assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
     # dark, not grey
     assert untrained["color"] == body["color"] and untrained["weight"] == "400", untrained
@@ -814,21 +825,15 @@ def test_forks_are_marked_in_every_rollout_and_a_trained_fork_is_told_apart(tmp_
     """A fork (sampled above 0.672 nats) has a bluish-green bar above it, in a kept rollout or a
     dropped one, trained or not; no other token has one. A trained fork keeps the trained mark
     (bold, vermillion below), so it never looks like an untrained fork. The legend shows both."""
-    browser = browser_or_skip()
-    page = tmp_path / "probe.html"
-    text = plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>")
-    page.write_text(text, encoding="utf-8")
-    out = run_browser(browser, page, tmp_path, "--dump-dom")
-    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
-    looks = json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
-    green = "2px solid rgb({}, {}, {})".format(*(int(plots.GREEN[i:i + 2], 16) for i in (1, 3, 5)))
+    looks = computed_looks(tmp_path, d3s_step[-1])
+    green = "2px solid " + rgb(plots.GREEN)
     for name in ("trained_fork", "untrained_fork", "dropped_fork", "legend_fork",
                  "legend_trained_fork"):
         assert looks[name]["top"] == green, (name, looks[name])
     # not a fork: no bar above (every token trained here is a fork: the legend's sample is not)
     for name in ("untrained_plain", "dropped_plain", "legend_trained", "legend_untrained"):
         assert looks[name]["top"].startswith("0px none"), (name, looks[name])
-    vermillion = "rgb({}, {}, {})".format(*(int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)))
+    vermillion = rgb(plots.VERMILLION)
     trained, untrained = looks["trained_fork"], looks["untrained_fork"]
     assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
     assert untrained["weight"] == "400" and untrained["shadow"] == "none", untrained
