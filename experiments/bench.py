@@ -608,7 +608,7 @@ def format_table(rows):
 def format_budget_table(rows, plan):
     """--budget seconds: the line that gives GRPO's budget, then the markdown table."""
     grpo = plan["seconds_per_step"]["grpo"]
-    budget = f"{plan['steps']} steps x {grpo:.2f} s = {plan['steps'] * grpo:.0f} s"
+    budget = f"{plan['steps']} steps x {grpo:.2f} s = {plan['steps'] * grpo:.1f} s"
     lines = [f"In GRPO's budget: {budget} of generation + update per run (budget.json)", "",
              "| method | lr | K | divisor | steps | s/step | s used | final acc % | Δ final "
              "| s to GRPO's acc | x sooner than GRPO | runs |",
@@ -621,8 +621,8 @@ def format_budget_table(rows, plan):
             continue
         s, x = r["s_to_grpo"], r["sooner"]
         ends = ("never" if e is None else f"{e:.2f}" for e in r["sooner_ci"] or [None, None])
-        lines.append(f"{head} | {r['seconds']:.0f} | {pm(r['final'])} | {pm(r['final_diff'], '+')} "
-                     f"| {'not reached' if s is None else f'{s[0] + s[1]:.0f}'} "
+        lines.append(f"{head} | {r['seconds']:.1f} | {pm(r['final'])} | {pm(r['final_diff'], '+')} "
+                     f"| {'not reached' if s is None else f'{s[0] + s[1]:.1f}'} "
                      f"| {'never' if x is None else f'{x:.2f}x'} [{', '.join(ends)}] "
                      f"| {status(r)} |")
     return "\n".join(lines)
@@ -669,8 +669,8 @@ def figure(curves, budget=None):
             ax_diff.fill_between(c["step"], d - dci, d + dci, color=line.get_color(), alpha=0.15)
         ax_grad.plot(c["grad_step"], smooth(c["grad_mean"]), label=name, color=line.get_color())
         ax_spent.plot(c["step"], c["seconds_mean"], marker=".", label=name, color=line.get_color())
-        if name in (budget or {}):  # the same method given GRPO's seconds: its own steps
-            b = budget[name]
+        b = (budget or {}).get(name)  # the same method in GRPO's seconds, at its own steps
+        if b and b["step"] != c["step"]:  # (at the same steps: these very runs, GRPO's always)
             ax_sec.plot(b["seconds_mean"], b["acc_mean"], marker=".", linestyle="--",
                         color=line.get_color(), label=f"{name}, in GRPO's seconds")
     labels = (("step", "held-out accuracy (seed mean, 95% CI)"), ("tokens trained (seed mean)",
@@ -746,7 +746,7 @@ def budget_configs(args, plan):
 def in_budget(args, steps, keys, results, threads, command):
     """After the fixed-step runs (results, their keys): the plan, its runs (those finished before
     are reused), and their table and curves beside GRPO's fixed-step runs. -> {"plan", "table",
-    "curves", "runs"}."""
+    "curves", "runs", "ran": how many of the runs this command ran}."""
     ok = {k[0]: [r for r in results if key(r) == k and r["error"] is None] for k in keys}
     plan = budget_plan(os.path.join(args.out, "budget.json"), steps, ok, command)
     cfgs = budget_configs(args, plan)
@@ -759,7 +759,7 @@ def in_budget(args, steps, keys, results, threads, command):
     runs.sort(key=lambda r: order[r["out_dir"]])
     same = [r for r in results if plan["budget_steps"].get(r["method"]) == plan["steps"]]
     rows, curves = aggregate(same + runs, [k for k in keys if k[0] in plan["budget_steps"]])
-    return {"plan": plan, "table": rows, "curves": curves, "runs": runs}
+    return {"plan": plan, "table": rows, "curves": curves, "runs": runs, "ran": len(todo)}
 
 # -----------------------------------------------------------------------------
 # command line
@@ -943,7 +943,7 @@ def main(argv=None):
     per_run = ("method", "seed", "lr", "updates_per_batch", "out_dir", *RATIOS)
     # what every run shares
     shared = {k: v for k, v in as_json(cfgs[0]).items() if k not in per_run}
-    ran = (f"{len(todo) + len(budget['runs'] if budget else [])} runs in {wall:.0f}s, {args.jobs} "
+    ran = (f"{len(todo) + (budget['ran'] if budget else 0)} runs in {wall:.0f}s, {args.jobs} "
            f"at a time with {threads} torch thread(s) each (each run's own: results.json)")
     print("\n\n".join(tables))
     print(f"{ran}; {args.out}/results.md, results.json, bench.png")

@@ -314,12 +314,12 @@ def test_budget_of_seconds_by_hand(monkeypatch, tmp_path, capsys):
     # (.2 .35 .45 .55 .65 at 0 10 20 30 40 s) reaches .5 at 30 s: 40 / 30 = 1.33x. Resampled: seed
     # 0 alone reaches at 20 s (2x, 1/4 of the resamples), seed 1 alone and both at 30 s
     divisor = DIVISOR or "-"
-    assert "In GRPO's budget: 20 steps x 2.00 s = 40 s of generation + update per run" in printed
-    assert budget["grpo"] == ["grpo", "0.0001", "1", divisor, "20", "2.00", "40", "50.0 ± 0.0",
-                              "+0.0 ± 0.0", "40", "1.00x [1.00, 1.00]", "2/2"]
+    assert "In GRPO's budget: 20 steps x 2.00 s = 40.0 s of generation + update per run" in printed
+    assert budget["grpo"] == ["grpo", "0.0001", "1", divisor, "20", "2.00", "40.0", "50.0 ± 0.0",
+                              "+0.0 ± 0.0", "40.0", "1.00x [1.00, 1.00]", "2/2"]
     # finals .6 .7: sd .0707, t(0.975, 1) 12.706: ± 63.5; paired to GRPO's .5 .5: +.1 +.2
-    assert budget["d3s"] == ["d3s", "0.0001", "1", divisor, "40", "1.00", "40", "65.0 ± 63.5",
-                             "+15.0 ± 63.5", "30", "1.33x [1.33, 2.00]", "2/2"]
+    assert budget["d3s"] == ["d3s", "0.0001", "1", divisor, "40", "1.00", "40.0", "65.0 ± 63.5",
+                             "+15.0 ± 63.5", "30.0", "1.33x [1.33, 2.00]", "2/2"]
     res = json.loads((tmp_path / "study" / "results.json").read_text())
     row = res["budget"]["table"][1]
     assert (row["sooner"], row["sooner_ci"], row["sooner_reached"]) == (1.33, [1.33, 2.0], 1.0)
@@ -346,7 +346,7 @@ def test_budget_of_seconds_by_hand(monkeypatch, tmp_path, capsys):
     assert plan["budget_steps"] == {"grpo": 20, "d3s": 40, "d2s": 80}
     assert trained[-4:] == [f"study/runs/{run}-seed{s}" for run in ("d2s", "d2s-budget")
                             for s in (0, 1)]
-    assert tables(more)[1]["d2s"][4:7] == ["80", "0.50", "40"]
+    assert tables(more)[1]["d2s"][4:7] == ["80", "0.50", "40.0"]
     assert tables(more)[1]["d2s"][9:11] == ["not reached", "never [never, never]"]
 
 
@@ -365,6 +365,7 @@ def test_the_figure_has_accuracy_against_seconds(monkeypatch, tmp_path, capsys):
              for ln in seconds.get_lines()}
     assert lines["grpo lr 0.0001 K 1"][:2] == ([0.0, 20.0, 40.0], [0.2, 0.4, 0.5])
     assert lines["d3s lr 0.0001 K 1"][:2] == ([0.0, 10.0, 20.0], pytest.approx([0.2, 0.3, 0.4]))
+    assert "grpo lr 0.0001 K 1, in GRPO's seconds" not in lines  # its own runs: drawn once
     budget = lines["d3s lr 0.0001 K 1, in GRPO's seconds"]
     assert budget[0] == [0.0, 10.0, 20.0, 30.0, 40.0] and budget[2] == "--"
     assert budget[1] == pytest.approx([0.2, 0.35, 0.45, 0.55, 0.65])
