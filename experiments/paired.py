@@ -1,12 +1,15 @@
 """
 Paired per-seed differences between two bench.py studies, method by method: B minus A, for the runs
 with the same method and seed (same seed = same prompts), with bench.py's 95% t intervals. Used by
-experiments/study.md to compare K = 4 with K = 1, and GSPO with GRPO's loss.
+experiments/study.md to compare K = 4 with K = 1, a fixed mini-batch size with a fixed K, and GSPO
+with GRPO's loss.
 
     python experiments/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
 
-Also prints, from each run's log.jsonl, the mean share of kept tokens the clip zeroed (clip_frac)
-and the mean min/max ratio over the steps: what several updates per step did to the ratio.
+Each side's updates: "K 4", or with a mini-batch size (--minibatch_size M) "M 8 (2.44/step)", the
+updates made per step, mean over the steps and seeds. Also prints, from each run's log.jsonl, the
+mean share of kept tokens the clip zeroed (clip_frac) and the mean min/max ratio over the steps:
+what several updates per step did to the ratio.
 """
 import json
 import os
@@ -28,19 +31,21 @@ def runs(study):
     return by
 
 
-def clipping(run):
-    """Mean clip_frac, ratio_min and ratio_max over the run's steps (from its log.jsonl)."""
+def log_means(run):
+    """Mean clip_frac, ratio_min, ratio_max and updates (those made) over the run's steps (from its
+    log.jsonl)."""
     with open(os.path.join(run["out_dir"], "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     return [statistics.mean(r.get(k, 1.0 if k != "clip_frac" else 0.0) for r in rows)
-            for k in ("clip_frac", "ratio_min", "ratio_max")]
+            for k in ("clip_frac", "ratio_min", "ratio_max")] + \
+        [statistics.mean(r["updates"] for r in rows)]
 
 
 def main(a, b):
     from experiments import bench  # here: --help and a wrong call need no torch
     ra, rb = runs(a), runs(b)
     print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
-    print("| method | seeds | A: K, lr | B: K, lr | Δ final | Δ AUC | B better in "
+    print("| method | seeds | A: updates, lr | B: updates, lr | Δ final | Δ AUC | B better in "
           "| A clip, ratio min-max | B clip, ratio min-max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in dict.fromkeys(k[0] for k in rb):
@@ -50,14 +55,17 @@ def main(a, b):
         d_final = [y["history"][-1]["accuracy"] - x["history"][-1]["accuracy"] for x, y in pairs]
         d_auc = [bench.auc(y["history"]) - bench.auc(x["history"]) for x, y in pairs]
         fmt = lambda d: "{:+.1f} ± {:.1f}".format(*bench.pct(bench.mean_ci(d)))  # noqa: E731
-        def clip(side):  # 0: A's runs, 1: B's
-            means = [statistics.mean(clipping(p[side])[i] for p in pairs) for i in range(3)]
-            return "{:.3f}, {:.2f}-{:.2f}".format(*means)
+        means = [[statistics.mean(col) for col in zip(*(log_means(p[side]) for p in pairs))]
+                 for side in (0, 1)]  # A's runs, B's: clip, ratio min, ratio max, updates
 
-        x, y = pairs[0]
-        print(f"| {m} | {len(pairs)} | {x['updates_per_batch']}, {x['lr']:g} "
-              f"| {y['updates_per_batch']}, {y['lr']:g} | {fmt(d_final)} | {fmt(d_auc)} "
-              f"| {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(0)} | {clip(1)} |")
+        def setting(side):  # "K 4, 0.0001" or "M 8 (2.44/step), 0.0001"
+            run, M = pairs[0][side], pairs[0][side].get("minibatch_size") or 0
+            updates = f"M {M} ({means[side][3]:.2f}/step)" if M else f"K {run['updates_per_batch']}"
+            return f"{updates}, {run['lr']:g}"
+        clip = "{:.3f}, {:.2f}-{:.2f}".format
+        print(f"| {m} | {len(pairs)} | {setting(0)} | {setting(1)} | {fmt(d_final)} "
+              f"| {fmt(d_auc)} | {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(*means[0][:3])} "
+              f"| {clip(*means[1][:3])} |")
 
 
 USAGE = "usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)"

@@ -16,28 +16,34 @@ rollouts kept and the share of tokens trained, of the kept rollouts' tokens (rho
 rollouts and of the kept ones (sample selection raises it); the mean entropy of the sampling
 distribution; the gradient norm before clipping; and, with several updates per step, the share of
 clipped tokens. A step that made no update has no gradient norm and no clipped share: those two
-curves have a gap there.
+curves have a gap there. Above the accuracy panel, a second axis gives the seconds of generation +
+update spent so far (seconds_at).
 
-The comparison (compare_runs, compare_figure, run_labels): held-out accuracy against the step and
-against the tokens trained, the mean reward, the share of rollouts kept and of generated tokens
-trained, and the tokens trained so far, one line per run. Each line is labelled by the knobs of its
-config.json that differ between the runs ("method=grpo" / "method=d3s"), leaving out the knobs that
-change nothing computed (config.UNNAMED: out_dir, device, eval_every, micro_batch_size ...) and
-keep ratios a method does not use. The held-out accuracy comes from RUN/checkpoint/trainer.pt; a
-run without one (stopped before its first checkpoint) is drawn from its log.jsonl alone and its
-label says so.
+The comparison (compare_runs, compare_figure, run_labels): held-out accuracy against the step,
+against the tokens trained and against the seconds of generation + update spent before each
+evaluation (log.jsonl's t_gen + t_upd summed over the steps before it; evaluation not counted: the
+paper's wall-clock unit), the mean reward, the share of rollouts kept and of generated tokens
+trained, the tokens trained so far and the seconds spent so far, one line per run. Each line is
+labelled by the knobs of its config.json that differ between the runs ("method=grpo" /
+"method=d3s"), leaving out the knobs that change nothing computed (config.UNNAMED: out_dir, device,
+eval_every, micro_batch_size ...) and keep ratios a method does not use. The held-out accuracy comes
+from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is drawn
+from its log.jsonl alone and its label says so.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
-rollout and token by token, the picture of what D3S keeps. For a few groups of the step just
-trained (pick_groups), each rollout with its reward and advantage A, whether sample selection kept
-it, and its tokens as the tokenizer decodes them one by one. Three marks, never confused: a rollout
-sample selection dropped (it never reaches the model) is faded and struck through; in a kept
-rollout each token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's
-scores), and the tokens token selection trained are also bold and underlined in vermillion. A
-zero-variance group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what
-they train. The page is one self-contained file (inline CSS, no script, nothing from the network),
-rebuilt from RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records
-only the step before an evaluation, so the other steps cost nothing.
+rollout and token by token, the picture of what D3S keeps. For a few groups of the step just trained
+(pick_groups), each rollout with its reward and advantage A, whether sample selection kept it, and
+its tokens as the tokenizer decodes them one by one. Four marks, never confused: a rollout sample
+selection dropped (it never reaches the model) is faded and struck through; in a kept rollout each
+token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's scores), and
+the tokens token selection trained are also bold and underlined in vermillion; in every rollout,
+kept or dropped, a bluish-green bar above marks each fork, a token sampled with an entropy above
+FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a bar above and one
+below. The header gives the step's forking share and how many forks were trained. A zero-variance
+group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what they train.
+The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
+RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
+before an evaluation, so the other steps cost nothing.
 """
 import argparse
 import bisect
@@ -53,6 +59,7 @@ import unicodedata
 import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 from PIL import Image  # matplotlib's own dependency  # noqa: E402
 
@@ -96,6 +103,17 @@ def measured(row, key):
     return math.nan if no_update else value
 
 
+def seconds_at(rows, steps):
+    """The seconds of generation + update (log.jsonl's t_gen + t_upd) the run spent before each of
+    `steps`: its training time at each evaluation, the evaluations themselves not counted (the
+    paper's wall-clock unit)."""
+    spent = {r["step"]: r["t_gen"] + r["t_upd"] for r in rows}  # a step logged twice: its last row
+    return [sum(t for s, t in spent.items() if s < step) for step in steps]
+
+
+SECONDS = "seconds of generation + update (t_gen + t_upd)"  # the axis label
+
+
 def curves_figure(rows, history, title):
     """The figure of curves.png: rows of log.jsonl, history [{step, accuracy}]."""
     steps = [r["step"] for r in rows]
@@ -106,6 +124,12 @@ def curves_figure(rows, history, title):
     a.plot([h["step"] for h in history], [h["accuracy"] for h in history], "o-",
            label="held-out accuracy (greedy)")
     a.set_ylim(0, 1)
+    if rows:  # the seconds spent by each step on a second axis above: the paper's unit
+        ticks = list(range(steps[-1] + 2))
+        spent = seconds_at(rows, ticks)
+        top = a.secondary_xaxis("top", functions=(lambda x: np.interp(x, ticks, spent),
+                                                  lambda t: np.interp(t, spent, ticks)))
+        top.set_xlabel(SECONDS, fontsize=8)
     # two token shares, each named by its denominator: the step line's `tokens k/v` is the first
     b.plot(steps, [r["kept"] / r["rollouts"] for r in rows], label="rollouts kept / generated")
     b.plot(steps, [r["tokens"] / max(r["valid"], 1) for r in rows],
@@ -208,8 +232,8 @@ def _trailing_mean(ys, n):
 def compare_figure(runs, title, smooth=10):
     """The comparison figure. runs: [{"label", "rows": log.jsonl rows, "history": [{step, tokens,
     accuracy}] or None}]; smooth: the steps the solid reward line averages over."""
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.6), dpi=70)
-    (acc_step, acc_tok, reward), (kept, tokens, total) = axes
+    fig, axes = plt.subplots(2, 4, figsize=(19, 7.6), dpi=70)
+    (acc_step, acc_tok, acc_sec, reward), (kept, tokens, total, spent) = axes
     for i, run in enumerate(runs):
         style = dict(color=OKABE_ITO[i % len(OKABE_ITO)],
                      linestyle=["-", "--", ":"][i // len(OKABE_ITO) % 3])
@@ -217,11 +241,12 @@ def compare_figure(runs, title, smooth=10):
         no_accuracy = " (no checkpoint: no held-out accuracy)"
         label = run["label"] + ("" if run["history"] is not None else no_accuracy)
         steps = [r["step"] for r in rows]
-        acc_step.plot([h["step"] for h in history], [h["accuracy"] for h in history], marker="o",
-                      ms=4, label=label, **style)
+        acc = [h["accuracy"] for h in history]
+        acc_step.plot([h["step"] for h in history], acc, marker="o", ms=4, label=label, **style)
         with_tokens = [h for h in history if "tokens" in h]
         acc_tok.plot([h["tokens"] for h in with_tokens], [h["accuracy"] for h in with_tokens],
                      marker="o", ms=4, **style)
+        acc_sec.plot(seconds_at(rows, [h["step"] for h in history]), acc, marker="o", ms=4, **style)
         rewards = [r["reward"] for r in rows]
         reward.plot(steps, rewards, alpha=0.25, lw=1, **style)
         reward.plot(steps, _trailing_mean(rewards, smooth), **style)
@@ -232,27 +257,30 @@ def compare_figure(runs, title, smooth=10):
             n = r.get("tokens_trained", n + r["tokens"])
             so_far.append(n)
         total.plot(steps, so_far, **style)
+        spent.plot(steps, seconds_at(rows, [s + 1 for s in steps]), **style)
     titles = [("held-out accuracy (greedy)", "step"),
               ("held-out accuracy (greedy)", "tokens trained"),
+              ("held-out accuracy (greedy)", SECONDS),
               (f"mean reward of the rollouts\n(faint: each step; solid: mean of the last {smooth})",
                "step"),
               ("rollouts kept / generated", "step"),
               ("tokens trained / all generated tokens", "step"),
-              ("tokens trained so far", "step")]
+              ("tokens trained so far", "step"),
+              ("seconds of generation + update so far", "step")]
     for ax, (name, xlabel) in zip(axes.flat, titles):
         ax.set_title(name, fontsize=11)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     acc_tok.xaxis.set_major_formatter(EngFormatter(sep=""))  # 100k, not 100000
     total.yaxis.set_major_formatter(EngFormatter(sep=""))
-    for ax in (acc_step, acc_tok, reward):
+    for ax in (acc_step, acc_tok, acc_sec, reward):
         ax.set_ylim(0, 1)
     for ax in (kept, tokens):
         ax.set_ylim(0, 1.05)
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(runs), 3), fontsize=10,
                frameon=False)
     fig.suptitle(title, y=0.995)
-    fig.subplots_adjust(left=0.04, right=0.99, top=0.84, bottom=0.07, wspace=0.16, hspace=0.38)
+    fig.subplots_adjust(left=0.035, right=0.99, top=0.84, bottom=0.07, wspace=0.2, hspace=0.38)
     return fig
 
 
@@ -307,14 +335,23 @@ def compare_runs(run_dirs, out):
 #    of the step's kept rollouts and the lowest score token selection kept, "score_edges": the 7
 #    scores that split the step's scored tokens into eighths (all three over the whole step),
 #    "specials": the special-token strings among the tokens shown,
+#    "forks": {"threshold": FORK_ENTROPY, "tokens": the step's completion tokens, "count": those
+#              above the threshold, "trained": those of them token selection trained} (null: no
+#              entropy was recorded while sampling; records of before have no "forks"),
 #    "groups": [{"prompt": index, "kind": "mixed" | "all right" | "all wrong", "question", "answer",
 #                "rollouts": [{"row", "reward", "adv", "kept", "truncated",
 #                              "tokens": [str] (each id decoded on its own, valid tokens only),
 #                              "trained": [0/1] per token, or null for a dropped rollout,
 #                              "scores": [float] per token, or null (dropped, or nothing
-#                                        scored)}]}]}
+#                                        scored),
+#                              "forks": [0/1] per token, 1 where the sampling entropy is above
+#                                       FORK_ENTROPY, or null (no entropy recorded)}]}]}
 
-FORMAT = "nanoD3S selection 1"
+FORMAT = "nanoD3S selection 1"  # "forks" came later and is optional: older records still load
+# A "forking" token: one sampled with an entropy above 0.672 nats, the 80/20 paper's threshold
+# (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939: 80% of a reasoning model's tokens
+# lie below it); the few tokens where the policy decides which way the reasoning goes.
+FORK_ENTROPY = 0.672
 BINS = 8  # shades of the score, by eighths of the step's scores: 8 CSS classes, short markup
 KINDS = ("mixed", "all right", "all wrong")  # the order groups are shown in
 
@@ -382,6 +419,9 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
                          f"({B},) and "
                          f"({len(idx)}, {ids.shape[1]})")
     kept_at = {row: n for n, row in enumerate(idx.tolist())}  # row -> its place among the kept rows
+    forks = None  # (B, T) bool: sampled above FORK_ENTROPY, padding never
+    if rollouts.entropy is not None:
+        forks = (rollouts.entropy.detach().float().cpu() > FORK_ENTROPY) & mask
     import d3s  # here, not at the top: rebuilding a page from its JSON needs no torch
     method = stats.get("method")
     modes = d3s.METHODS.get(method, {})  # train.py's row names the modes too; this is for others
@@ -422,6 +462,7 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
                 "trained": None if n is None else [int(t) for t in token_mask[n, cols].tolist()],
                 "scores": None if n is None or scores is None else [_sig(s) for s in
                                                                     scores[n, cols].tolist()],
+                "forks": None if forks is None else forks[b, cols].int().tolist(),
             })
         groups.append({"prompt": g, "kind": kind, "question": str(questions[g]),
                        "answer": str(answers[g]), "rollouts": rows})
@@ -429,9 +470,12 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
         "format": FORMAT, "step": int(stats["step"]), "method": method, "sample_mode": sample_mode,
         "token_mode": token_mode, "prompts": P, "group_size": G,
         "stats": {k: _plain(v) for k, v in stats.items()},
-        "score": None if scores is None else ("H" if token_mode == "entropy" else "|A|·H"),
+        "score": None if scores is None else SCORE_NAMES.get(token_mode, "score"),
         "score_max": score_max, "score_cut": score_cut, "score_edges": edges,
         "specials": sorted(special & shown),
+        "forks": None if forks is None else {
+            "threshold": FORK_ENTROPY, "tokens": int(mask.sum()), "count": int(forks.sum()),
+            "trained": int((forks[idx] & token_mask).sum())},
         "groups": groups,
     }
 
@@ -460,12 +504,15 @@ TOKEN_RULES = {
     "random": "the share ρt of the kept rollouts' tokens, at random (a control): nothing is scored "
               "or shaded.",
 }
+SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform draw"}  # the shading
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
-# reddish purple for special tokens. Only a dropped rollout is grey (and struck through): a kept
-# rollout's tokens that were not trained are dark text, so the two never look alike.
-BLUE, VERMILLION, PURPLE = (0, 114, 178), "#d55e00", "#cc79a7"
+# reddish purple for special tokens, bluish green for a fork (a bar above the token, in every
+# rollout: trained, a fork also has the vermillion bar below). Only a dropped rollout is grey (and
+# struck through): a kept rollout's tokens that were not trained are dark text, so the two never
+# look alike.
+BLUE, VERMILLION, PURPLE, GREEN = (0, 114, 178), "#d55e00", "#cc79a7", "#009e73"
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;background:#fff;
  margin:14px 20px;max-width:1160px}
@@ -503,9 +550,13 @@ i{font-style:normal;color:#aaa}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
 """.replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE)
 # the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7
-# the highest
-CSS += "".join(f".k{b},.d{b}{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},"
+# the highest; a fork's class is the same with an f (k5f)
+CSS += "".join(f".k{b},.d{b},.k{b}f,.d{b}f{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},"
                f"{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n" for b in range(BINS))
+# every fork's class, named one by one (no substring match): f in a dropped rollout, kf / df
+# unscored, k0f .. d7f scored
+CSS += (",".join(f".{c}f" for c in ["", "k", "d", *(f"{m}{b}" for m in "kd" for b in range(BINS))])
+        + f"{{border-top:2px solid {GREEN}}}\n")
 
 WHITESPACE = {" ": "·", "\t": "→", "\n": "↵"}  # shown faint; a newline is also a real line break
 
@@ -533,15 +584,17 @@ def _stat(stats, key, spec):
     return format(stats[key], spec) if isinstance(stats.get(key), (int, float)) else "?"
 
 
-def _token(text, trained, score, edges, special):
-    """One token as <u class=k5 title=0.83>text</u>: k trained / d not (None: a dropped rollout),
-    then its eighth of the step's scores. <u> is HTML's element for text with a non-textual
-    annotation; a page can hold 16k tokens, so the markup is short: one class, unquoted values
-    (valid HTML5 when they hold no space), the score to 2 digits."""
+def _token(text, trained, score, edges, special, fork):
+    """One token as <u class=k5f title=0.83>text</u>: k trained / d not (None: a dropped rollout),
+    then its eighth of the step's scores, then f if it is a fork (FORK_ENTROPY). <u> is HTML's
+    element for text with a non-textual annotation; a page can hold 16k tokens, so the markup is
+    short: one class, unquoted values (valid HTML5 when they hold no space), the score to 2
+    digits."""
     cls = ""  # a dropped rollout: no mark, no score
     if trained is not None:
         shade = "" if score is None else str(bisect.bisect_left(edges, score))
         cls = ("k" if trained else "d") + shade
+    cls += "f" if fork else ""
     if special:
         attrs = f' class="{cls} sp"' if cls else " class=sp"
     else:
@@ -556,8 +609,9 @@ def _rollout_row(r, record):
     n = len(r["tokens"])
     # None: a dropped rollout, or nothing scored
     trained, scores = r["trained"] or [None] * n, r["scores"] or [None] * n
-    cells = [_token(text, t, s, edges, text in specials)
-             for text, t, s in zip(r["tokens"], trained, scores)]
+    forks = r.get("forks") or [0] * n  # none: a record of before, or no entropy recorded
+    cells = [_token(text, t, s, edges, text in specials, f)
+             for text, t, s, f in zip(r["tokens"], trained, scores, forks)]
     count = f"{sum(r['trained'])}/{n}" if r["kept"] else "–"
     state = "kept" if r["kept"] else "dropped"
     status = state + ("<br><small>truncated</small>" if r["truncated"] else "")
@@ -631,6 +685,11 @@ def selection_html(record, links=()):
              ("zero-variance groups", zero_var,
               f"of {record['prompts']}, {record['group_size']} rollouts each"),
              ("reward", _stat(st, "reward", ".2f"), "mean of the rollouts")]
+    forks = record.get("forks")  # none: a record of before, or no entropy recorded
+    if forks:
+        cards.append(("forking tokens", f"{100 * forks['count'] / max(forks['tokens'], 1):.1f}%",
+                      f"H > {forks['threshold']:g} nats · {forks['trained']} of "
+                      f"{forks['count']} trained"))
     parts.append('<div class="cards">' + "".join(f"<div class=card><small>{e(a)}</small><b>{e(b)}"
                                                  f"</b><small>{e(c)}</small></div>"
                                                  for a, b, c in cards) + "</div>")
@@ -654,6 +713,11 @@ def selection_html(record, links=()):
     if sample != "none":
         legend.append('<span class="gone">dropped</span> rollout (sample selection: it never '
                       'reaches the model)')
+    if forks:  # a fork not trained occurs only where token selection leaves tokens out
+        sample = ("" if token == "none" else f"<u class=d{shade[1]}f>fork</u> / ") + \
+            f"<u class=k{shade[0]}f>trained</u> fork"
+        legend.append(f"{sample}: a token sampled with entropy H > {forks['threshold']:g} nats "
+                      "(the 80/20 paper's forking threshold), in every rollout shown")
     legend += ["<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
     if record["score"] and record["score_cut"] is not None:
         shades = "".join(f"<u class=d{b}>&nbsp;</u>" for b in range(BINS))
@@ -732,9 +796,9 @@ def parse_args(argv):
     parser = OneLineParser(
         prog="python -m machinery.plots", description="One RUN: rebuild RUN/curves.png and "
         "RUN/selection.html (and its step pages) from the run's files. Two or more: one picture "
-        "comparing them (held-out accuracy against step and against tokens trained, mean reward, "
-        "rollouts kept / generated, tokens trained / generated), each line labelled by what "
-        "differs between the runs' config.json. Prints the paths it wrote.")
+        "comparing them (held-out accuracy against step, tokens trained and seconds of generation "
+        "+ update, mean reward, rollouts kept / generated, tokens trained / generated), each line "
+        "labelled by what differs between the runs' config.json. Prints the paths it wrote.")
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="a train.py run folder (out/d3s-tiny ...)")
     parser.add_argument("--out", default=None, metavar="PATH",

@@ -1,8 +1,11 @@
 """bench.py: the study's numbers (95% t intervals, paired differences, AUC, steps to GRPO with a
-bootstrap interval, seconds to GRPO, shares) against hand computations on fake run folders; reuse of
-finished runs and refusal of a changed config; per-method learning rates, the tuning mode and its
-lrs.json; the schedule knobs reaching only the methods that read them; and a real 2-step run of grpo
-and d3s, its table checked against the runs' own log.jsonl / train.log / config.json."""
+bootstrap interval, seconds to GRPO, shares) against hand computations on fake run folders; GRPO's
+budget of seconds (each method's step count, budget.json read again, the speed-up in seconds with
+its bootstrap interval, the seconds axis of bench.png); the updates made per step under a mini-batch
+size, here and in paired.py; reuse of finished runs and refusal of a changed config; per-method
+learning rates, the tuning mode and its lrs.json; the schedule knobs reaching only the methods that
+read them, the random controls included; and a real 2-step run of grpo and d3s, its table checked
+against the runs' own log.jsonl / train.log / config.json."""
 import contextlib
 import io
 import json
@@ -13,12 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 
 from experiments import bench
 from machinery import config
 import train
+
+DIVISOR = getattr(train.Config, "divisor", None)  # a knob of train.py's to come
 
 # -----------------------------------------------------------------------------
 # helpers
@@ -35,10 +42,10 @@ def table_rows(text):
     return rows
 
 
-def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5):
+def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5, updates=lambda i: 1):
     return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128,
              "tokens": tokens, "valid": 2 * tokens, "grad_norm": 1.0, "t_gen": t_gen,
-             "t_upd": t_upd, "nonfinite": 0}
+             "t_upd": t_upd, "nonfinite": 0, "updates": updates(i)}
             for i in range(steps)]
 
 
@@ -50,9 +57,8 @@ def fake_folders(args, accs, per_step, tmp_path):
     for cfg in cfgs:
         history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a}
                    for i, a in enumerate(accs[(*bench.key(cfg), cfg.seed)])]
-        result = {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": cfg.updates_per_batch,
-                  "seed": cfg.seed, "out_dir": cfg.out_dir, "command": "", "history": history,
-                  "steps": per_step[cfg.method](cfg.seed), "wall": 10.0, "error": None}
+        result = dict(bench.blank_result(cfg), history=history,
+                      steps=per_step[cfg.method](cfg.seed), wall=10.0)
         (tmp_path / cfg.out_dir).mkdir(parents=True)
         saved = {"config": bench.as_json(cfg), "result": result}
         (tmp_path / cfg.out_dir / "result.json").write_text(json.dumps(saved))
@@ -70,7 +76,7 @@ def no_training(monkeypatch, tmp_path):
     """Work in tmp_path; any run that bench would start fails the test."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench, "run_one",
-                        lambda cfg: pytest.fail(f"{cfg.out_dir} was run, not reused"))
+                        lambda cfg, context: pytest.fail(f"{cfg.out_dir} was run, not reused"))
     return tmp_path
 
 # -----------------------------------------------------------------------------
@@ -170,14 +176,15 @@ def test_study_table_by_hand(no_training, capsys):
     # the printed table is those numbers
     rows = table_rows(printed)
     assert table_rows((no_training / "study" / "results.md").read_text()) == rows
-    assert rows["grpo"][1:9] == ["0.0001", "1", "60.0 ± 24.8", "+0.0 ± 0.0", "40.0 ± 16.4",
-                                 "+0.0 ± 0.0", "20 [20, 20]", "32 (22+10)"]
-    assert rows["d3s"][3:11] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4",
+    divisor = DIVISOR or "-"  # the tiny world's default, "-" where train.py has no --divisor
+    assert rows["grpo"][1:10] == ["0.0001", "1", divisor, "60.0 ± 24.8", "+0.0 ± 0.0",
+                                  "40.0 ± 16.4", "+0.0 ± 0.0", "20 [20, 20]", "32 (22+10)"]
+    assert rows["d3s"][4:12] == ["73.3 ± 37.9", "+13.3 ± 14.3", "60.0 ± 10.8", "+20.0 ± 16.4",
                                  "10 [10, 10]", "13 (10+3)", "1280 (50.0%)", "3000 (15.0%)"]
-    assert rows["d2s"][4:9] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4",
-                                "not reached [never, never]", "-"]
+    assert rows["d2s"][5:10] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4",
+                                 "not reached [never, never]", "-"]
     assert rows["d2s"][-1] == "3/3"
-    cells = (rows["grpo"][11], rows["d3s"][11], rows["d3s"][12])
+    cells = (rows["grpo"][12], rows["d3s"][12], rows["d3s"][13])
     assert cells == ("50.0 ± 62.1", "25.0 ± 0.0", "1.00")
     # the plot's curves: seed means, t intervals, paired differences to grpo
     curve = res["curves"]["d3s lr 0.0001 K 1"]
@@ -211,20 +218,176 @@ def test_aggregate_failures_and_no_grpo():
     assert d2s == {"method": "d2s", "lr": 1e-4, "updates_per_batch": 1, "runs": 0,
                    "failed": ["seed 0: ValueError: bad"], "wall": 10}
     cells = table_rows(bench.format_table(rows))
-    assert cells["d3s"][3:5] == ["60.0", "+10.0"]
+    assert cells["d3s"][4:6] == ["60.0", "+10.0"]
     assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
-    assert cells["d2s"][3] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
-    assert len(cells["d2s"]) == len(cells["d3s"]) == 16  # a failed row has every column
+    assert cells["d2s"][4] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
+    assert len(cells["d2s"]) == len(cells["d3s"]) == 17  # a failed row has every column
     # runs of before the zero-var column (no zero_var in their steps): "-", not a wrong number
     for step in results[0]["steps"]:
         del step["zero_var"]
     rows, _ = bench.aggregate(results[:2], [("grpo", 1e-4, 1)])
-    assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][11] == "-"
+    assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][12] == "-"
     # without grpo there is nothing to compare with
     rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
     # AUC (4.5 + 6.5) / 20
-    assert table_rows(bench.format_table(rows))["d3s"][4:9] == ["-", "55.0", "-", "-", "-"]
+    assert table_rows(bench.format_table(rows))["d3s"][5:10] == ["-", "55.0", "-", "-", "-"]
+
+# -----------------------------------------------------------------------------
+# the paper's unit: seconds, and GRPO's budget of them
+
+
+def test_sooner_by_hand():
+    # GRPO reaches its final 0.5 at 100 s (its last evaluation), the method at 50 s: 2.0x sooner
+    base_acc, base_s = np.array([[0.2, 0.4, 0.5]] * 2), np.array([[0.0, 50.0, 100.0]] * 2)
+    acc, secs = np.array([[0.2, 0.5, 0.6]] * 2), np.array([[0.0, 50.0, 100.0]] * 2)
+    assert bench.reach_seconds(base_acc, base_s, 0.5) == 100.0
+    assert bench.reach_seconds(acc, secs, 0.5) == 50.0
+    assert bench.sooner_interval(acc, secs, base_acc, base_s) == (2.0, 2.0, 2.0, 1.0)
+    # seconds are seed means: the seeds spent 40 and 60 s before the reaching evaluation
+    assert bench.reach_seconds(acc, np.array([[0, 40, 90], [0, 60, 110]]), 0.5) == 50.0
+    # never within the run: no speed-up, and every resample counts as "never"
+    assert bench.sooner_interval(acc - 0.2, secs, base_acc, base_s) == (None, None, None, 0.0)
+    # two seeds: alone, seed 0 reaches at 50 s (2x), seed 1 at 80 s (1.25x), together (mean .45,
+    # then .6) at 80 s; resamples 00 (1/4), 01 and 10 (1/2), 11 (1/4): [1.25, 2]
+    acc = np.array([[0.2, 0.5, 0.6], [0.2, 0.4, 0.7]])
+    secs = np.array([[0.0, 50.0, 80.0], [0.0, 50.0, 80.0]])
+    x, lo, hi, reached = bench.sooner_interval(acc, secs, base_acc, base_s)
+    assert (x, lo, hi, reached) == (1.25, 1.25, 2.0, 1.0)
+    assert bench.sooner(10.0, 0.0) == math.inf and bench.sooner(0.0, 0.0) == 1.0
+
+
+def fake_train(accs, seconds, trained):
+    """train.train as bench calls it: writes log.jsonl, every step taking seconds[method] (half
+    generating, half updating), and returns the evaluations accs[(method, steps, seed)] at steps 0,
+    eval_every, ... Appends each run folder to `trained`."""
+    def train_(cfg, log=print, given=None):
+        trained.append(cfg.out_dir)
+        half = seconds[cfg.method] / 2
+        rows = fake_steps(cfg.steps, kept=8, tokens=100, t_gen=half, t_upd=half)
+        Path(cfg.out_dir, "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        evals = range(0, cfg.steps + 1, cfg.eval_every)
+        return [{"step": s, "tokens": 100 * s, "accuracy": a}
+                for s, a in zip(evals, accs[(cfg.method, cfg.steps, cfg.seed)], strict=True)]
+    return train_
+
+
+BUDGET = ["--methods", "grpo,d3s", "--seeds", "2", "--steps", "20", "--eval_every", "10", "--out",
+          "study", "--lr", "1e-4", "--updates_per_batch", "1", "--threads", "1", "--budget",
+          "seconds"]
+BUDGET_ACCS = {  # (method, steps, seed): accuracy at steps 0, 10, ...
+    ("grpo", 20, 0): [0.2, 0.4, 0.5], ("grpo", 20, 1): [0.2, 0.4, 0.5],
+    ("d3s", 20, 0): [0.2, 0.3, 0.4], ("d3s", 20, 1): [0.2, 0.3, 0.4],
+    ("d3s", 40, 0): [0.2, 0.3, 0.5, 0.6, 0.6], ("d3s", 40, 1): [0.2, 0.4, 0.4, 0.5, 0.7],
+    ("d2s", 20, 0): [0.2, 0.3, 0.3], ("d2s", 20, 1): [0.2, 0.3, 0.3],
+    ("d2s", 80, 0): [0.2] * 9, ("d2s", 80, 1): [0.2] * 9}
+
+
+def tables(printed):
+    """(the fixed-step table's rows, the budget table's rows) of bench's output."""
+    fixed, budget = printed.split("In GRPO's budget:")
+    return table_rows(fixed), table_rows(budget)
+
+
+def test_budget_of_seconds_by_hand(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "load_model", lambda name: None)  # nothing to build
+    monkeypatch.setattr(bench, "_init_worker", lambda threads: None)
+    trained = []
+    seconds = {"grpo": 2.0, "d3s": 1.0, "d2s": 0.5}  # per step
+    monkeypatch.setattr(train, "train", fake_train(BUDGET_ACCS, seconds, trained))
+    printed = main(BUDGET, capsys)
+    # GRPO's 2 s a step buy 40 s in 20 steps; D3S's 1 s a step buys 40 steps of its own
+    plan = json.loads((tmp_path / "study" / "budget.json").read_text())
+    assert {k: plan[k] for k in ("steps", "seconds_per_step", "budget_steps")} == {
+        "steps": 20, "seconds_per_step": {"grpo": 2.0, "d3s": 1.0},
+        "budget_steps": {"grpo": 20, "d3s": 40}}
+    runs = [f"study/runs/{run}-seed{s}" for run in ("grpo", "d3s", "d3s-budget") for s in (0, 1)]
+    assert trained == runs  # GRPO's budget runs are its fixed-step runs
+    saved = json.loads((tmp_path / runs[-1] / "result.json").read_text())
+    assert (saved["config"]["steps"], saved["config"]["eval_every"]) == (40, 10)
+    assert "in GRPO's budget of seconds, 2 runs at their own step counts: 0 finished before" \
+        in printed
+    fixed, budget = tables(printed)
+    assert fixed["d3s"][8] == "not reached [never, never]"  # in 20 steps D3S never gets there
+    # GRPO's curve reaches its final .5 at its last evaluation, 40 s. D3S's seed-mean curve
+    # (.2 .35 .45 .55 .65 at 0 10 20 30 40 s) reaches .5 at 30 s: 40 / 30 = 1.33x. Resampled: seed
+    # 0 alone reaches at 20 s (2x, 1/4 of the resamples), seed 1 alone and both at 30 s
+    divisor = DIVISOR or "-"
+    assert "In GRPO's budget: 20 steps x 2.00 s = 40.0 s of generation + update per run" in printed
+    assert budget["grpo"] == ["grpo", "0.0001", "1", divisor, "20", "2.00", "40.0", "50.0 ± 0.0",
+                              "+0.0 ± 0.0", "40.0", "1.00x [1.00, 1.00]", "2/2"]
+    # finals .6 .7: sd .0707, t(0.975, 1) 12.706: ± 63.5; paired to GRPO's .5 .5: +.1 +.2
+    assert budget["d3s"] == ["d3s", "0.0001", "1", divisor, "40", "1.00", "40.0", "65.0 ± 63.5",
+                             "+15.0 ± 63.5", "30.0", "1.33x [1.33, 2.00]", "2/2"]
+    res = json.loads((tmp_path / "study" / "results.json").read_text())
+    row = res["budget"]["table"][1]
+    assert (row["sooner"], row["sooner_ci"], row["sooner_reached"]) == (1.33, [1.33, 2.0], 1.0)
+    assert (row["s_to_grpo"], row["seconds"]) == ([15.0, 15.0], 40.0)
+    assert [r["out_dir"] for r in res["budget"]["runs"]] == runs[-2:]
+    # how the runs ran: one at a time, one thread, for this command and for each run
+    assert (res["jobs"], res["threads"]) == (1, 1)
+    assert all((r["jobs"], r["threads"]) == (1, 1) for r in res["runs"] + res["budget"]["runs"])
+    assert "6 runs in " in printed and "1 at a time with 1 torch thread(s) each" in printed
+
+    # the same command again: every run reused, the same tables
+    again = main(BUDGET, capsys)
+    assert trained == runs and tables(again) == (fixed, budget)
+    # a fixed-step run timed again differently does not move the plan: budget.json is read
+    before = (tmp_path / "study" / "budget.json").read_text()
+    (tmp_path / runs[3] / "result.json").unlink()
+    seconds["d3s"] = 0.25
+    main(BUDGET, capsys)
+    assert trained == runs + runs[3:4]
+    assert (tmp_path / "study" / "budget.json").read_text() == before
+    # a method added later is timed against the GRPO seconds the plan holds: 20 * 2 / 0.5 = 80
+    more = main(BUDGET[:1] + ["grpo,d3s,d2s"] + BUDGET[2:], capsys)
+    plan = json.loads((tmp_path / "study" / "budget.json").read_text())
+    assert plan["budget_steps"] == {"grpo": 20, "d3s": 40, "d2s": 80}
+    assert trained[-4:] == [f"study/runs/{run}-seed{s}" for run in ("d2s", "d2s-budget")
+                            for s in (0, 1)]
+    assert tables(more)[1]["d2s"][4:7] == ["80", "0.50", "40.0"]
+    assert tables(more)[1]["d2s"][9:11] == ["not reached", "never [never, never]"]
+
+
+def test_the_figure_has_accuracy_against_seconds(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "load_model", lambda name: None)
+    monkeypatch.setattr(bench, "_init_worker", lambda threads: None)
+    monkeypatch.setattr(train, "train", fake_train(BUDGET_ACCS, {"grpo": 2.0, "d3s": 1.0}, []))
+    main(BUDGET, capsys)
+    res = json.loads((tmp_path / "study" / "results.json").read_text())
+    fig = bench.figure(res["curves"], res["budget"]["curves"])
+    seconds = fig.axes[2]
+    plt.close(fig)
+    assert seconds.get_xlabel() == "seconds of generation + update (t_gen + t_upd), seed mean"
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()), ln.get_linestyle())
+             for ln in seconds.get_lines()}
+    assert lines["grpo lr 0.0001 K 1"][:2] == ([0.0, 20.0, 40.0], [0.2, 0.4, 0.5])
+    assert lines["d3s lr 0.0001 K 1"][:2] == ([0.0, 10.0, 20.0], pytest.approx([0.2, 0.3, 0.4]))
+    assert "grpo lr 0.0001 K 1, in GRPO's seconds" not in lines  # its own runs: drawn once
+    budget = lines["d3s lr 0.0001 K 1, in GRPO's seconds"]
+    assert budget[0] == [0.0, 10.0, 20.0, 30.0, 40.0] and budget[2] == "--"
+    assert budget[1] == pytest.approx([0.2, 0.35, 0.45, 0.55, 0.65])
+    assert (tmp_path / "study" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_mini_batch_size_shows_the_updates_made_per_step():
+    def run(method, updates, minibatch):
+        return {"method": method, "lr": 1e-4, "updates_per_batch": 4, "seed": 0, "wall": 1.0,
+                "error": None, "divisor": "valid", "minibatch_size": minibatch,
+                "history": [{"step": 0, "tokens": 0, "accuracy": 0.2},
+                            {"step": 4, "tokens": 400, "accuracy": 0.4}],
+                "steps": fake_steps(4, kept=8, tokens=100, t_gen=1.0, t_upd=0.5,
+                                    updates=lambda i: updates[i])}
+    rows, curves = bench.aggregate([run("grpo", [4, 4, 4, 3], 0), run("d3s", [1, 2, 2, 3], 8)],
+                                   [("grpo", 1e-4, 4), ("d3s", 1e-4, 4)])
+    cells = table_rows(bench.format_table(rows))
+    # K fixed: K; a mini-batch size M: the updates made, mean over the steps
+    assert cells["grpo"][2:4] == ["4", "valid"] and cells["d3s"][2:4] == ["M 8: 2.00", "valid"]
+    assert list(curves) == ["grpo lr 0.0001 K 4", "d3s lr 0.0001 M 8"]
+    assert rows[0]["updates"] == 3.75
+
 
 # -----------------------------------------------------------------------------
 # finished runs: reused, and never for another config
@@ -248,13 +411,12 @@ def test_only_unfinished_runs_are_run(no_training, monkeypatch, capsys):
     (no_training / "study" / "runs" / "d3s-seed1" / "result.json").unlink()
     ran = []
 
-    def run_one(cfg):
+    def run_one(cfg, context):
         ran.append(cfg.out_dir)
         accs = ACCS[("d3s", cfg.lr, 1, 1)]
         history = [{"step": 10 * i, "tokens": 1000 * i, "accuracy": a} for i, a in enumerate(accs)]
-        return {"method": cfg.method, "lr": cfg.lr, "updates_per_batch": 1, "seed": cfg.seed,
-                "out_dir": cfg.out_dir, "command": "", "history": history,
-                "steps": PER_STEP["d3s"](1), "wall": 10.0, "error": None}
+        return dict(bench.blank_result(cfg, context), history=history, steps=PER_STEP["d3s"](1),
+                    wall=10.0)
     monkeypatch.setattr(bench, "run_one", run_one)
     # no tiny model to build for a fake run
     monkeypatch.setattr(bench, "load_model", lambda name: None)
@@ -310,7 +472,7 @@ def test_tuning_mode_chooses_each_methods_lr_by_auc(no_training, capsys):
     assert chosen["auc"]["grpo lr 0.0001 K 1"] == [42.5, 0.0]
     assert "chosen (highest mean AUC): grpo lr 0.0001 K 1, d3s lr 0.0001 K 1" in printed
     rows = table_rows(printed)  # two grpo rows: no comparison to GRPO in tuning
-    assert len(rows) == 4 and all(r[4] == "-" and r[7] == "-" for r in rows.values())
+    assert len(rows) == 4 and all(r[5] == "-" and r[8] == "-" for r in rows.values())
     # the study reads the file: seeds 0.. with the chosen rates
     _, cfgs = bench.configs(bench.parse_args(["--methods", "grpo,d3s", "--tuned", "tune/tuned.json",
                                               "--seeds", "8"]))
@@ -345,21 +507,51 @@ def test_tuning_k_and_lr_together(no_training, capsys):
 # what reaches train.Config
 
 
-def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path):
-    assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == {
-        "grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"],
-        "d2s": ["s_init", "t_init"], "d3s": ["s_init", "s_final", "t_init", "t_final"],
-        "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
-        "entropy": []}  # entropy keeps its fixed t_keep 0.2
+# the random controls as train.py names them: D3S's twin (rollouts, then tokens, drawn uniformly,
+# on D3S's schedule) and D1S-cross's (rollouts only)
+TWINS = {"d3s-random": ("d3s", dict(sample="random", token="random", schedule="linear")),
+         "d1s-cross-random": ("d1s-cross",
+                              dict(sample="random", token="none", schedule="constant"))}
+
+
+@pytest.fixture
+def twins(monkeypatch):
+    """d3s.METHODS with the random controls (as they are, or as they will be)."""
+    for name, (_, spec) in TWINS.items():
+        monkeypatch.setitem(bench.d3s.METHODS, name, bench.d3s.METHODS.get(name, spec))
+
+
+def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path, twins):
+    knobs = {"grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"],
+             "d2s": ["s_init", "t_init"], "d3s": ["s_init", "s_final", "t_init", "t_final"],
+             "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
+             "entropy": []}  # entropy keeps its fixed t_keep 0.2
+    # a random mode reads its ratio like the mode it stands in for
+    knobs.update({name: knobs[twin] for name, (twin, _) in TWINS.items()})
+    assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == knobs
+
+
+def test_all_methods_get_the_ratios_they_read(tmp_path):
     _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out",
                                               str(tmp_path), "--s_init", "0.5", "--s_final", "0.9",
                                               "--t_init", "0.3", "--t_final", "0.8"]))
+    assert [c.method for c in cfgs] == list(bench.d3s.METHODS)  # all: every named method
     # no error: train.py refuses a ratio a method would ignore. config.json records what each
     # applies: 1 where it keeps everything, entropy's fixed 0.2, init = final without a schedule
     got = {c.method: (c.s_init, c.s_final, c.t_init, c.t_final) for c in cfgs}
     assert got["grpo"] == (1.0, 1.0, 1.0, 1.0) and got["entropy"] == (1.0, 1.0, 0.2, 0.2)
     assert got["pods"] == got["d1s"] == got["d1s-cross"] == (0.5, 0.5, 1.0, 1.0)
     assert got["d2s"] == (0.5, 0.5, 0.3, 0.3) and got["d3s"] == got["d3s-i"] == (0.5, 0.9, 0.3, 0.8)
+    for name, (twin, _) in TWINS.items():  # once train.py has them: the ratios of their twins
+        assert got.get(name, got[twin]) == got[twin], name
+
+
+def test_help_lists_every_named_method(twins, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--help"])
+    text = "".join(capsys.readouterr().out.split())  # as wrapped: at spaces or after a hyphen
+    assert e.value.code == 0 and f"orall:{','.join(bench.d3s.METHODS)}" in text
+    assert "d3s-random" in text and "d1s-cross-random" in text and "--budget{steps,seconds}" in text
 
 
 def test_pass_through_and_the_whole_test_split(tmp_path):
@@ -377,6 +569,16 @@ def test_pass_through_and_the_whole_test_split(tmp_path):
     assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
     assert c.save_every == 0 and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
     assert bench.train_command(c).startswith("python train.py --method grpo --loss gspo ")
+
+
+def test_the_divisor_and_the_mini_batch_size_pass_through_where_train_has_them(tmp_path):
+    for knob, flags, value in (("divisor", ["--divisor", "seq"], "seq"),
+                               ("minibatch_size", ["--minibatch_size", "8"], 8)):
+        assert (knob in bench.PASS_THROUGH) == hasattr(train.Config, knob)
+        if knob in bench.PASS_THROUGH:  # train.py has it: the flag reaches train.Config
+            _, cfgs = bench.configs(bench.parse_args(["--methods", "d3s", "--seeds", "1",
+                                                      "--out", str(tmp_path), *flags]))
+            assert getattr(cfgs[0], knob) == value and bench.blank_result(cfgs[0])[knob] == value
 
 # -----------------------------------------------------------------------------
 # a real 2-step run of grpo and d3s through train.train
@@ -425,13 +627,15 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         assert len(logs[m]) == 2 and len(accs[m]) == 3  # steps 0, 1; evaluations at 0, 1, 2
         assert not (run / "checkpoint").exists()
     # the ratio knobs reached d3s only (train.py would refuse them for grpo, which keeps everything)
-    grpo_cfg, d3s_cfg = (json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
-                         for m in ("grpo", "d3s"))
+    ran_cfgs = {m: json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+                for m in ("grpo", "d3s")}
+    grpo_cfg, d3s_cfg = ran_cfgs["grpo"], ran_cfgs["d3s"]
     assert (grpo_cfg["s_init"], grpo_cfg["t_final"]) == (1.0, 1.0)
     assert (d3s_cfg["s_init"], d3s_cfg["t_final"]) == (0.5, 0.7)
     for m, cells in rows.items():
         t, log = table[m], logs[m]
-        assert cells[3] == f"{t['final'][0]:.1f}"
+        assert cells[3] == (DIVISOR and ran_cfgs[m]["divisor"] or "-")  # where train.py has it
+        assert cells[4] == f"{t['final'][0]:.1f}"
         assert t["final"] == [round(100 * accs[m][-1], 1), None]
         assert t["rollouts"] == sum(r["kept"] for r in log)
         assert t["tokens"] == sum(r["tokens"] for r in log) == log[-1]["tokens_trained"]
@@ -478,7 +682,7 @@ def test_an_unfinished_run_is_run_again_in_its_folder(benched, tmp_path, monkeyp
     # steps 0 and 1 of the new run only
     assert len((run / "log.jsonl").read_text().splitlines()) == 2
     # the same run, the same numbers
-    assert table_rows(again)["d3s"][3:8] == table_rows(printed)["d3s"][3:8]
+    assert table_rows(again)["d3s"][3:9] == table_rows(printed)["d3s"][3:9]
 
 # -----------------------------------------------------------------------------
 # bad input
@@ -494,6 +698,8 @@ def test_an_unfinished_run_is_run_again_in_its_folder(benched, tmp_path, monkeyp
     (["--lr", "grpo=1e-4,d3s"], "method=lr pairs"),
     (["--updates_grid", "2,x"], "'x' is not a number"),
     (["--optimizer", "adam"], "--optimizer"), (["--eval_size", "0"], "--eval_size"),
+    (["--budget", "seconds", "--methods", "d3s,d2s"], "add grpo to --methods"),
+    (["--budget", "seconds", "--lr_grid", "1e-4,2e-4"], "tune first"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -503,6 +709,32 @@ def test_bad_input_is_one_line_and_exit_2(flags, word, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and word in err[0]
     assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
+def test_paired_compares_a_mini_batch_size_with_a_fixed_k(tmp_path, capsys):
+    from experiments import paired
+
+    def study(name, minibatch, updates, finals):
+        runs = []
+        for seed, final in enumerate(finals):
+            out_dir = tmp_path / name / "runs" / f"d3s-seed{seed}"
+            out_dir.mkdir(parents=True)
+            rows = [dict(s, clip_frac=0.1, ratio_min=0.9, ratio_max=1.1)
+                    for s in fake_steps(2, kept=8, tokens=100, t_gen=1.0, t_upd=0.5,
+                                        updates=lambda i: updates[seed][i])]
+            (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            runs.append({"method": "d3s", "seed": seed, "lr": 5e-5, "updates_per_batch": 4,
+                         "minibatch_size": minibatch, "out_dir": str(out_dir), "error": None,
+                         "history": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": final}]})
+        (tmp_path / name / "results.json").write_text(json.dumps({"runs": runs}))
+        return str(tmp_path / name)
+    k4 = study("k4", 0, [[4, 4], [4, 3]], [0.5, 0.6])
+    m8 = study("m8", 8, [[1, 2], [2, 3]], [0.6, 0.6])  # 2 updates a step on the mean
+    paired.main(k4, m8)
+    row = table_rows(capsys.readouterr().out)["d3s"]
+    # final .6 - .5, .6 - .6; AUC (.2 + .6) / 2 - (.2 + .5) / 2 = .05, 0
+    assert row[1:5] == ["2", "K 4, 5e-05", "M 8 (2.00/step), 5e-05", "+5.0 ± 63.5"]
+    assert row[5:] == ["+2.5 ± 31.8", "1/2", "0.100, 0.90-1.10", "0.100, 0.90-1.10"]
 
 
 def test_paired_and_study_sh_print_their_usage():

@@ -1,9 +1,10 @@
 """plots.py. The selection page on hand-made steps: it marks exactly what d3s.select_samples and
 d3s.select_tokens kept, escapes every token, says what grpo keeps and why a zero-variance group has
 kept rollouts, rebuilds from its JSON, and renders in a real headless browser, where a dropped
-rollout, an untrained token and a trained one look different. curves.png's curves (a gap where a
-step made no update, each token share named by its denominator) and the comparison of runs
-(labels, curves, the command and its one-line refusals)."""
+rollout, an untrained token and a trained one look different, and every fork (a token sampled above
+0.672 nats) carries its own mark, trained or not. curves.png's curves (a gap where a step made no
+update, each token share named by its denominator, the seconds above) and the comparison of runs
+(labels, curves against step, tokens and seconds, the command and its one-line refusals)."""
 import dataclasses
 import html
 import html.parser
@@ -16,6 +17,7 @@ import subprocess
 import sys
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 
@@ -124,9 +126,15 @@ class Page(html.parser.HTMLParser):
 
 def mark(classes):
     """A token's classes -> ("k" trained | "d" not trained | None in a dropped rollout, its shade
-    0-7 or None)."""
-    c = [x for x in classes if x != "sp"]
+    0-7 or None); a fork's f (is_fork) left aside."""
+    c = [x.removesuffix("f") for x in classes if x != "sp" and x != "f"]
     return (c[0][0], int(c[0][1:]) if c[0][1:] else None) if c else (None, None)
+
+
+def is_fork(classes):
+    """Is the token marked as a fork (its class ends in f: k5f, d0f, kf, or f in a dropped
+    rollout)?"""
+    return any(x.endswith("f") for x in classes if x != "sp")
 
 
 def shown(text):
@@ -156,8 +164,19 @@ def test_record_keeps_exactly_what_d3s_selected(tokenizer, d3s_step):
                 assert r["scores"] == pytest.approx(scores[kept_at[b], :n].tolist(), rel=1e-2)
             else:
                 assert r["trained"] is None and r["scores"] is None
+            # kept or dropped: a fork is a token sampled above the 80/20 paper's 0.672 nats
+            assert r["forks"] == [int(h > 0.672) for h in rollouts.entropy[b, :n].tolist()]
     assert record["score_cut"] == pytest.approx(scores[token_mask].min().item(), rel=1e-2)
     assert record["specials"] == [tiny.EOS]
+    # the step's forks, by brute force over every valid token of every rollout (not only those
+    # shown), and those of them token selection trained
+    valid = rollouts.completion_mask
+    forks = [(b, t) for b in range(16) for t in range(valid.shape[1])
+             if valid[b, t] and rollouts.entropy[b, t] > 0.672]
+    trained = [(b, t) for b, t in forks if b in kept_at and token_mask[kept_at[b], t]]
+    assert plots.FORK_ENTROPY == 0.672 and 0 < len(trained) < len(forks)
+    assert record["forks"] == {"threshold": 0.672, "tokens": int(valid.sum()),
+                               "count": len(forks), "trained": len(trained)}
     assert json.loads(json.dumps(record)) == record  # plain JSON
 
 
@@ -179,8 +198,11 @@ def test_page_marks_exactly_the_kept_rollouts_and_tokens(d3s_step):
                        for s in row["spans"])  # each shaded
             assert all(s[1] is not None for s in row["spans"])  # each score on hover
         else:
-            assert row["class"] == "dropped" and all(s[0] <= {"sp"} and s[1] is None
+            assert row["class"] == "dropped" and all(s[0] <= {"sp", "f"} and s[1] is None
                                                      for s in row["spans"])
+        # every fork marked, kept or dropped, and nothing else
+        assert ([is_fork(s[0]) for s in row["spans"]]
+                == [h > plots.FORK_ENTROPY for h in rollouts.entropy[b, :n].tolist()])
     marks = [mark(s[0]) for row in page.rows.values() for s in row["spans"]]
     assert sum(m == "k" for m, _ in marks) == int(token_mask.sum())  # all kept rollouts are here
     # the shades rank the scores: no token left out is darker than a trained one
@@ -189,6 +211,10 @@ def test_page_marks_exactly_the_kept_rollouts_and_tokens(d3s_step):
     # trained / valid
     tokens = f"<b>{int(token_mask.sum())} / {int(rollouts.completion_mask[idx].sum())}</b>"
     assert "<b>6 / 16</b>" in top and tokens in top
+    forks = record["forks"]  # the header: the step's forking share, the forks trained
+    share = f"<b>{100 * forks['count'] / forks['tokens']:.1f}%</b>"
+    assert share in top and f"H &gt; 0.672 nats · {forks['trained']} of {forks['count']} trained" \
+        in top
 
 
 def test_every_token_is_escaped_and_visible(tokenizer):
@@ -272,6 +298,25 @@ def test_grpo_keeps_everything_and_says_so(tokenizer):
     assert "dropped" not in [r["class"] for r in page.rows.values()]
 
 
+def test_no_entropy_recorded_no_fork_marks(tokenizer, d3s_step):
+    """A step sampled without its entropy, and a record written before forks were: the page
+    shows no fork, names none in its legend, and gives no forking share."""
+    rollouts, rewards, adv, idx, token_mask, scores, record = d3s_step
+    bare = dataclasses.replace(rollouts, entropy=None)
+    without = plots.selection_record(tokenizer, bare, QUESTIONS, ANSWERS, rewards, adv, idx,
+                                     token_mask, scores, record["stats"])
+    assert without["forks"] is None
+    assert all(r["forks"] is None for g in without["groups"] for r in g["rollouts"])
+    older = {k: v for k, v in record.items() if k != "forks"}
+    older["groups"] = [dict(g, rollouts=[{k: v for k, v in r.items() if k != "forks"}
+                                         for r in g["rollouts"]]) for g in record["groups"]]
+    for rec in (without, older):
+        text = plots.selection_html(rec)
+        assert "forking" not in text and "fork" not in " ".join(legend_keys(text))
+        assert not any(is_fork(s[0]) for row in Page(text).rows.values() for s in row["spans"])
+    assert "forking tokens" in plots.selection_html(record)
+
+
 def test_skipped_step_says_why(tokenizer, d3s_step):
     record = dict(d3s_step[-1], stats=dict(d3s_step[-1]["stats"],
                                            skipped_reason="no kept token has A != 0"))
@@ -291,15 +336,18 @@ def test_pick_groups_rule():
 
 
 def test_every_mode_has_its_words():
+    # "random" tokens: the control train.py names d3s-random (its words are here beforehand)
     assert (set(plots.SAMPLE_RULES) == set(d3s.SAMPLE_MODES)
-            and set(plots.TOKEN_RULES) == set(d3s.TOKEN_MODES))
+            and set(d3s.TOKEN_MODES) <= set(plots.TOKEN_RULES) <= {*d3s.TOKEN_MODES, "random"})
+    assert set(plots.SCORE_NAMES) == set(plots.TOKEN_RULES) - {"none"}
 
 
 def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, capsys):
     record = d3s_step[-1]
     run = tmp_path / "run"
     run.mkdir()
-    row = dict(record["stats"], entropy=0.5, grad_norm=1.0, clip_frac=0.0, truncated=0.1)
+    row = dict(record["stats"], entropy=0.5, grad_norm=1.0, clip_frac=0.0, truncated=0.1, t_gen=0.5,
+               t_upd=0.25)
     (run / "log.jsonl").write_text("".join(json.dumps(dict(row, step=s)) + "\n" for s in range(8)))
     plots.write_selection(str(run), dict(record, step=3))
     top = plots.write_selection(str(run), record)
@@ -460,7 +508,7 @@ def log_row(step, **fields):
     """A log.jsonl row with the fields the pictures read (a D3S-like step unless told otherwise)."""
     row = dict(step=step, reward=0.5, kept=40, rollouts=128, tokens=200, valid=1000, valid_all=2500,
                var_adv=0.5, var_kept=1.2, entropy=0.3, grad_norm=2.0, clip_frac=0.01, truncated=0.0,
-               updates=4, no_signal=False)
+               updates=4, no_signal=False, t_gen=1.0, t_upd=0.5)
     return dict(row, **fields)
 
 
@@ -548,10 +596,12 @@ def make_run(folder, config, rows, history):
 def two_runs(tmp_path):
     """A D3S run and a GRPO run (keeping everything), and a GRPO run stopped before its first
     checkpoint."""
+    # seconds a step: d3s 1 + s generating, 0.5 updating; grpo 2 and 1
     d3s_rows = [log_row(s, kept=32 + s, tokens=100 + s, valid_all=2000,
-                        tokens_trained=sum(100 + i for i in range(s + 1)))
+                        tokens_trained=sum(100 + i for i in range(s + 1)), t_gen=1.0 + s)
                 for s in range(4)]
-    grpo_rows = [log_row(s, kept=128, tokens=2000, valid=2000, valid_all=2000, reward=0.25 * s)
+    grpo_rows = [log_row(s, kept=128, tokens=2000, valid=2000, valid_all=2000, reward=0.25 * s,
+                         t_gen=2.0, t_upd=1.0)
                  for s in range(4)]
     d3s_hist = [{"step": 0, "tokens": 0, "accuracy": 0.2},
                 {"step": 4, "tokens": 406, "accuracy": 0.5}]
@@ -569,8 +619,11 @@ def test_compare_draws_each_run_from_its_folder(two_runs):
                                           "method=grpo, seed=1"]
     assert runs[2]["history"] is None and len(runs[2]["rows"]) == 2
     fig = plots.compare_figure(runs, "t", smooth=2)
-    acc_step, acc_tok, reward, kept, tokens, total = fig.axes
+    acc_step, acc_tok, acc_sec, reward, kept, tokens, total, spent = fig.axes
     plt.close(fig)
+    # the paper's unit: accuracy against the seconds of generation + update before an evaluation
+    assert acc_sec.get_xlabel() == "seconds of generation + update (t_gen + t_upd)"
+    assert spent.get_title() == "seconds of generation + update so far"
     assert [ln.get_label() for ln in acc_step.get_lines()] == [
         "method=d3s, seed=0", "method=grpo, seed=0",
         "method=grpo, seed=1 (no checkpoint: no held-out accuracy)"]
@@ -586,6 +639,25 @@ def test_compare_draws_each_run_from_its_folder(two_runs):
     assert xy(total, 0)[1] == [100, 201, 303, 406]  # tokens_trained as logged
     # a log without it: the running sum of the steps' tokens
     assert xy(total, 1)[1] == [2000, 4000, 6000, 8000]
+    # evaluation at step 4: d3s spent (1 + 2 + 3 + 4) + 4 * 0.5 s in steps 0..3, grpo 4 * 3 s
+    assert xy(acc_sec, 0) == ([0, 12.0], [0.2, 0.5]) and xy(acc_sec, 1) == ([0, 12.0], [0.2, 0.4])
+    assert xy(acc_sec, 2) == ([], [])  # no checkpoint, no accuracy
+    assert xy(spent, 0) == ([0, 1, 2, 3], [1.5, 4.0, 7.5, 12.0])  # after each step
+    assert xy(spent, 2) == ([0, 1], [3.0, 6.0])
+
+
+def test_seconds_at_sums_the_steps_before_each_evaluation():
+    rows = [log_row(0, t_gen=1.0, t_upd=0.5), log_row(1, t_gen=2.0, t_upd=0.25),
+            log_row(2, t_gen=9.0, t_upd=9.0),  # a step cut short, then run again after a resume:
+            log_row(2, t_gen=4.0, t_upd=0.0)]  # its last row is the step that counts
+    assert plots.seconds_at(rows, [0, 1, 2, 3]) == [0, 1.5, 3.75, 7.75]
+    # curves.png: the same seconds on a second axis above the accuracy
+    fig = plots.curves_figure(rows, [{"step": 0, "accuracy": 0.2}], "run")
+    acc, top = fig.axes[0], fig.axes[0].child_axes[0]
+    acc.set_xlim(1, 3)
+    fig.canvas.draw()  # the axis above takes its limits from the steps' through seconds_at
+    plt.close(fig)
+    assert top.get_xlabel() == plots.SECONDS and top.get_xlim() == pytest.approx((1.5, 7.75))
 
 
 def test_compare_command_writes_one_picture(two_runs, tmp_path, monkeypatch, capsys):
@@ -650,7 +722,6 @@ def run_browser(browser, page, tmp_path, *flags):
 
 def screenshot(browser, page, png, tmp_path, width=1200, height=3000):
     """Render the page in headless Chromium at a tall window. -> (H, W, 3) uint8 pixels."""
-    import numpy as np
     from matplotlib.image import imread
     out = run_browser(browser, page, tmp_path, "--hide-scrollbars",
                       f"--window-size={width},{height}", f"--screenshot={png}")
@@ -668,7 +739,6 @@ def browser_or_skip():
 
 
 def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
-    import numpy as np
     browser = browser_or_skip()
     page = tmp_path / "selection.html"
     page.write_text(plots.selection_html(d3s_step[-1]), encoding="utf-8")
@@ -690,12 +760,20 @@ PROBE = """<script>
 const look = el => { const s = getComputedStyle(el); let fade = 1;
   for (let e = el; e; e = e.parentElement) fade *= getComputedStyle(e).opacity;
   return {color: s.color, weight: s.fontWeight, line: s.textDecorationLine, shadow: s.boxShadow,
-          background: s.backgroundColor, fade: fade}; };
+          background: s.backgroundColor, fade: fade,
+          top: s.borderTopWidth + " " + s.borderTopStyle + " " + s.borderTopColor}; };
+const fork = "[class$=f]", plain = ":not([class$=f])";
 const marks = {trained: "tr.kept u[class^=k]", untrained: "tr.kept u[class^=d]",
   dropped: "tr.dropped u:not(.sp)", legend_trained: ".legend u[class^=k]",
-  legend_untrained: ".legend u[class^=d]", legend_dropped: ".legend .gone", body: "body"};
+  legend_untrained: ".legend u[class^=d]", legend_dropped: ".legend .gone", body: "body",
+  untrained_plain: "tr.kept u[class^=d]" + plain, dropped_plain: "tr.dropped u:not([class])",
+  trained_fork: "tr.kept u[class^=k]" + fork, untrained_fork: "tr.kept u[class^=d]" + fork,
+  dropped_fork: "tr.dropped u.f", legend_fork: ".legend u[class^=d]" + fork,
+  legend_trained_fork: ".legend u[class^=k]" + fork};
 const out = {};
-for (const [name, sel] of Object.entries(marks)) out[name] = look(document.querySelector(sel));
+for (const [name, sel] of Object.entries(marks)) {
+  const el = document.querySelector(sel);
+  out[name] = el ? look(el) : null; }  // null: no such mark on the page
 const pre = document.createElement("pre");
 pre.id = "probe";
 pre.textContent = JSON.stringify(out);
@@ -703,20 +781,31 @@ document.body.append(pre);
 </script>"""
 
 
+def rgb(colour):
+    """"#d55e00" -> "rgb(213, 94, 0)", as getComputedStyle writes it."""
+    return "rgb({}, {}, {})".format(*(int(colour[i:i + 2], 16) for i in (1, 3, 5)))
+
+
+def computed_looks(tmp_path, record):
+    """The record's page in headless Chromium with PROBE added: {mark: its computed style, or None
+    when the page has no such mark}."""
+    browser = browser_or_skip()
+    page = tmp_path / "probe.html"
+    page.write_text(plots.selection_html(record).replace("</body>", PROBE + "</body>"),
+                    encoding="utf-8")
+    out = run_browser(browser, page, tmp_path, "--dump-dom")
+    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
+    return json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
+
+
 def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_path, d3s_step):
     """A dropped rollout is grey and struck through; a kept rollout's untrained token is the page's
     dark text (on its score's shade); a trained token is bold and underlined in vermillion. The
     legend shows each as the rows do."""
-    browser = browser_or_skip()
-    page = tmp_path / "probe.html"
-    text = plots.selection_html(d3s_step[-1]).replace("</body>", PROBE + "</body>")
-    page.write_text(text, encoding="utf-8")
-    out = run_browser(browser, page, tmp_path, "--dump-dom")
-    assert out.returncode == 0 and '<pre id="probe">' in out.stdout, out.stderr[-2000:]
-    looks = json.loads(html.unescape(out.stdout.split('<pre id="probe">')[1].split("</pre>")[0]))
+    looks = computed_looks(tmp_path, d3s_step[-1])
     trained, untrained, dropped = looks["trained"], looks["untrained"], looks["dropped"]
     body = looks["body"]
-    vermillion = "rgb({}, {}, {})".format(*(int(plots.VERMILLION[i:i + 2], 16) for i in (1, 3, 5)))
+    vermillion = rgb(plots.VERMILLION)
     assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
     # dark, not grey
     assert untrained["color"] == body["color"] and untrained["weight"] == "400", untrained
@@ -730,3 +819,29 @@ def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_pa
         legend = looks[f"legend_{state}"]
         assert seen(legend) == seen(looks[state]), (state, legend, looks[state])
     assert looks["legend_dropped"]["background"] == dropped["background"]
+
+
+def test_forks_are_marked_in_every_rollout_and_a_trained_fork_is_told_apart(tmp_path, d3s_step):
+    """A fork (sampled above 0.672 nats) has a bluish-green bar above it, in a kept rollout or a
+    dropped one, trained or not; no other token has one. A trained fork keeps the trained mark
+    (bold, vermillion below), so it never looks like an untrained fork. The legend shows both."""
+    looks = computed_looks(tmp_path, d3s_step[-1])
+    green = "2px solid " + rgb(plots.GREEN)
+    for name in ("trained_fork", "untrained_fork", "dropped_fork", "legend_fork",
+                 "legend_trained_fork"):
+        assert looks[name]["top"] == green, (name, looks[name])
+    # not a fork: no bar above (every token trained here is a fork: the legend's sample is not)
+    for name in ("untrained_plain", "dropped_plain", "legend_trained", "legend_untrained"):
+        assert looks[name]["top"].startswith("0px none"), (name, looks[name])
+    vermillion = rgb(plots.VERMILLION)
+    trained, untrained = looks["trained_fork"], looks["untrained_fork"]
+    assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
+    assert untrained["weight"] == "400" and untrained["shadow"] == "none", untrained
+    assert "line-through" in looks["dropped_fork"]["line"]  # still a dropped rollout
+    for state in ("trained_fork", "untrained_fork"):
+        legend = looks[f"legend_{state.replace('untrained_', '')}"]
+        assert (legend["weight"], legend["shadow"]) == (looks[state]["weight"],
+                                                        looks[state]["shadow"]), state
+    keys = legend_keys(plots.selection_html(d3s_step[-1]))
+    assert ("fork / trained fork: a token sampled with entropy H > 0.672 nats (the 80/20 paper's "
+            "forking threshold), in every rollout shown") in keys
