@@ -7,6 +7,10 @@
 #   bash experiments/study.sh weak-tune  # tiny-weak (most groups all wrong): lr and K, ~40 minutes
 #   bash experiments/study.sh weak       # tiny-weak on seeds 0-7, GRPO's 100-step check, the step
 #                                        # sizes: ~40 minutes
+#   bash experiments/study.sh controls   # what D3S buys (tiny, tiny-weak): the random twin, GRPO's
+#                                        # seconds, the divisor, a fixed mini-batch size, GSPO
+#   bash experiments/study.sh fork-tune  # tiny-fork: each method's lr on seeds 100-101
+#   bash experiments/study.sh fork       # tiny-fork on seeds 0-7, in steps and in GRPO's seconds
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -90,11 +94,41 @@ weak)
   python experiments/step_size.py show out/study/step-tiny.json out/study/step-weak.json \
       --png out/study/step-size.png
   ;;
+controls)
+  # (a) D3S against its random twin (the same ratios, schedule and divisor, rollouts and tokens
+  #     drawn uniformly) and (b) against GRPO in GRPO's seconds: both at their tuned setting,
+  #     lr 5e-5 and K = 4 in tiny (section D), the twin at D3S's
+  $BENCH --methods grpo,d3s,d3s-random --lr 5e-5 --seeds 8 --steps 60 $C --budget seconds \
+      --out out/study/controls-tiny
+  mkdir -p out/study
+  printf '%s' '{"lr": {"grpo": 1e-4, "d3s": 5e-5, "d3s-random": 5e-5, "entropy": 5e-5},
+    "updates_per_batch": {"grpo": 2, "d3s": 4, "d3s-random": 4, "entropy": 4}}' \
+      > out/study/weak-settings.json  # section F's tuned settings, the twin at D3S's
+  $BENCH $WEAK --methods grpo,d3s,d3s-random --tuned out/study/weak-settings.json --seeds 8 \
+      --budget seconds --out out/study/controls-weak
+  # (c) the divisor: D3S under each paper's (valid: DAPO, TRL, 80/20; seq: GRPO's and GSPO's
+  #     papers; kept, ours, is above), the entropy baseline under its paper's (valid) and ours
+  for div in valid seq; do
+    $BENCH --methods d3s --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
+        --out out/study/divisor-tiny-$div
+  done
+  for div in valid kept; do
+    $BENCH --methods entropy --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
+        --out out/study/divisor-tiny-entropy-$div
+  done
+  # (d) a fixed mini-batch size (M = 32 rollouts an update, ceil(kept / 32) updates) against K = 4
+  $BENCH --methods d3s --minibatch_size 32 --lr 5e-5 --seeds 8 --steps 60 $C \
+      --out out/study/minibatch-tiny
+  # GSPO as its paper aggregates it (the sequence mean, --loss gspo's divisor)
+  $BENCH --methods grpo,d3s --loss gspo --lr 5e-5 --seeds 8 --steps 60 $C \
+      --out out/study/gspo-tiny
+  # every pair against the same seeds' runs: python experiments/paired.py A/results.json B/...
+  ;;
 -h|--help)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak"
+  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork"
   ;;
 *)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak" >&2
+  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork" >&2
   exit 2
   ;;
 esac

@@ -650,7 +650,7 @@ def _why_kept(g, record):
     else:  # no token selection, or one that scores by entropy alone: such tokens are in the update
         what = (f"A rollout with A = 0 has nothing to learn: the {trained} tokens marked trained "
                 f"here add 0 to the policy loss (only a KL term, β > 0, acts on them), yet each "
-                f"counts in the token mean of its update.")
+                f"counts in the divisor of its update's mean (docs/algorithm.md, the divisor).")
     return (f'<p class="why"><b>Why {len(kept)} kept with A = 0:</b> {html.escape(why)} '
             f'{html.escape(what)}</p>')
 
