@@ -111,6 +111,8 @@ WORLDS = {
     "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
     "tiny-long": dict(terms=8, warmup_steps=WARMUP_STEPS, noise=0.4),   # 7 steps, 50 tokens
     "tiny-weak": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=0.9),
+    # shuffle: the teacher adds the terms in any order, either operand first (solve)
+    "tiny-fork": dict(terms=NUM_TERMS, warmup_steps=300, noise=0.5, shuffle=True),
 }
 
 
@@ -157,15 +159,20 @@ def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
 # -----------------------------------------------------------------------------
 # the task
 
-def solve(digits, rng=None, noise=0.0):
+def solve(digits, rng=None, noise=0.0, shuffle=False):
     """Worked solution of digits[0]+digits[1]+... (mod 10). With noise > 0 and an rng, a wrapping
-    step gets a forgotten carry (+1) with that probability: the sloppy teacher of the warm-up."""
+    step gets a forgotten carry (+1) with that probability: the sloppy teacher of the warm-up. With
+    shuffle and an rng [ours], the teacher adds the terms in a random order and writes either
+    operand of a step first: choices that never change the answer (tiny-fork's harmless forks)."""
+    if shuffle:
+        digits = rng.sample(digits, len(digits))
     acc, lines = digits[0], []
     for d in digits[1:]:
         s = (acc + d) % 10
         if noise > 0 and acc + d >= 10 and rng.random() < noise:
             s = (s + 1) % 10
-        lines.append(f"{acc}+{d}={s}")
+        a, b = (d, acc) if shuffle and rng.random() < 0.5 else (acc, d)
+        lines.append(f"{a}+{b}={s}")
         acc = s
     return " " + "\n".join(lines) + f"\n#### {acc}"
 
@@ -228,7 +235,7 @@ def _split(terms):
 # warm-up
 
 def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE,
-           terms=NUM_TERMS, log=print):
+           terms=NUM_TERMS, shuffle=False, log=print):
     """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model,
     tokenizer). [ours] One CPU thread, whatever the machine: a float sum's order depends on the
     thread count, and over 200 steps that moved weights by up to 0.018 (1 thread against 2). The
@@ -237,12 +244,12 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _warmup(seed, steps, batch_size, lr, noise, terms, log)
+        return _warmup(seed, steps, batch_size, lr, noise, terms, shuffle, log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _warmup(seed, steps, batch_size, lr, noise, terms, log):
+def _warmup(seed, steps, batch_size, lr, noise, terms, shuffle, log):
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
     train = problems("train", seed=seed, terms=terms)
@@ -254,7 +261,8 @@ def _warmup(seed, steps, batch_size, lr, noise, terms, log):
         batch = [train[(step * batch_size + i) % len(train)] for i in range(batch_size)]
         # = data.format_prompt without a chat template
         prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]
-        targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise) + EOS for r in batch]
+        targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise, shuffle) + EOS
+                   for r in batch]
         enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt",
                         padding=True, padding_side="right")
         labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
@@ -275,17 +283,18 @@ def pretrained(path="out/tiny", seed=0, log=print, name="tiny"):
     reused."""
     spec = world(name)
     want = {"version": VERSION, "world": name, "seed": seed, "terms": spec["terms"],
-            "steps": spec["warmup_steps"], "noise": spec["noise"]}
+            "steps": spec["warmup_steps"], "noise": spec["noise"],
+            "shuffle": spec.get("shuffle", False)}
     marker = os.path.join(path, "tiny.json")
     if os.path.isfile(marker):
         with open(marker) as f:
-            # older folders: the default world
-            have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}
+            # older folders: the default world, its teacher's fixed order
+            have = {"world": "tiny", "terms": NUM_TERMS, "shuffle": False, **json.load(f)}
         if all(have.get(k) == v for k, v in want.items() if k != "seed"):
             return path
     log(f"building the {name} world's warmed-up model in {path} (once: a minute or two on a CPU)")
     model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"],
-                              terms=spec["terms"], log=log)
+                              terms=spec["terms"], shuffle=want["shuffle"], log=log)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     with open(marker, "w") as f:  # written last: marks the folder complete
