@@ -44,23 +44,35 @@ should matter more:
              (seeds 0-2, whole test split), and about half of each batch's groups still have all
              rewards equal at the end (0.58 over the first 10 steps, 0.49 over the last 50);
              experiments/study.md, section F.
+  tiny-fork  a real model's forks (the 80/20 paper's: about 20% of a reasoning model's tokens are
+             sampled above H = 0.672 nats, the rest near-certain; tiny's model has 7.6%): the
+             default world's questions, but the teacher adds the terms in a random order and writes
+             either operand of a step first (forks that never change the answer), and forgets the
+             carry half the time (forks that do: a 50/50 digit is 0.69 nats). 300 warm-up steps
+             (64 s on one thread). 23.7% of its sampled tokens are forks, mean H 0.302, close to a
+             real 0.5B instruct model on GSM8K (17.1%, 0.281, measured 4 x 4, 256 tokens), so the
+             token level has real choices to rank, of both kinds.
 Their starting points, measured by `python experiments/world_figures.py --world NAME` at commit
 3e1f34b (2026-12-01; another CPU builds other weights: at commit d39fb00, on an AMD EPYC with AVX2
-kernels, tiny measured greedy 20.3%, sampled 24.8%, 28.5% all-wrong, p(wrap) 0.26) (seed 0, 1 CPU
-thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256
-training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean
-test solutions, the mean probability of the right result digit on steps that do not and that do
-wrap past 9):
+kernels, tiny measured greedy 20.3%, sampled 24.8%, 28.5% all-wrong, p(wrap) 0.26) and again, with
+tiny-fork and the entropy columns, at commit 1e4b66e (2026-12-02, the same figures for the first
+three) (seed 0, 1 CPU thread; greedy on the whole test split; sampled at T = 1, 8 answers to each
+of the first 256 training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced
+on the clean test solutions, in the question's order, the mean probability of the right result
+digit on steps that do not and that do wrap past 9; forks: of those groups' completion tokens, the
+share sampled above H = 0.672 nats; top 20%: the share of all their entropy the top 20% hold):
 
-  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  all-right
-  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      0.8%
-  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      0.0%
-  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%
+  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  mixed  all-right
+  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      73.0%  0.8%
+  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      52.3%  0.0%
+  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      34.8%  2.7%
+  tiny-fork  4      300      0.5    28.4% of 1036   21.0%    21.1%      78.5%  0.4%
 
-  world      p(plain)  p(wrap)  solution  budget
-  tiny       0.83      0.28     26        32
-  tiny-long  0.95      0.51     50        64
-  tiny-weak  0.95      0.07     26        32
+  world      p(plain)  p(wrap)  solution  budget  forks  mean H  median H  top 20%
+  tiny       0.83      0.28     26        32       7.6%  0.126   0.019     88%
+  tiny-long  0.95      0.51     50        64       7.5%  0.109   0.017     88%
+  tiny-weak  0.95      0.07     26        32       2.7%  0.070   0.016     82%
+  tiny-fork  0.97      0.46     26        32      23.7%  0.302   0.015     79%
 
 (solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: train.py's
 max_new_tokens for the world, pick(tiny=32, tiny_long=64), with room for a longer wrong answer.)
