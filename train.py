@@ -38,7 +38,7 @@ from rollout import completion_hidden, generate_groups, head_logprobs, micro_bat
 @dataclass
 class Config:
     # model and data
-    model: str = "tiny"             # tiny | tiny-long | tiny-weak | Qwen2.5-0.5B | hub id | folder
+    model: str = "tiny"             # tiny[-long|-weak|-fork] | Qwen2.5-0.5B | hub id | folder
     dataset: str = pick(tiny="tiny", tiny_long="tiny-long", real="gsm8k")  # gsm8k | math | a .jsonl
     data_dir: str = ""              # local copies as NAME/SPLIT.jsonl: gsm8k/train.jsonl ("": hub)
     # the method (docs/algorithm.md, "Named methods"), its loss and their divisor (d3s.divisors)

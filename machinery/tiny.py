@@ -44,23 +44,35 @@ should matter more:
              (seeds 0-2, whole test split), and about half of each batch's groups still have all
              rewards equal at the end (0.58 over the first 10 steps, 0.49 over the last 50);
              experiments/study.md, section F.
+  tiny-fork  a real model's forks (the 80/20 paper's: about 20% of a reasoning model's tokens are
+             sampled above H = 0.672 nats, the rest near-certain; tiny's model has 7.6%): the
+             default world's questions, but the teacher adds the terms in a random order and writes
+             either operand of a step first (forks that never change the answer), and forgets the
+             carry half the time (forks that do: a 50/50 digit is 0.69 nats). 300 warm-up steps
+             (64 s on one thread). 23.7% of its sampled tokens are forks, mean H 0.302, close to a
+             real 0.5B instruct model on GSM8K (17.1%, 0.281, measured 4 x 4, 256 tokens), so the
+             token level has real choices to rank, of both kinds.
 Their starting points, measured by `python experiments/world_figures.py --world NAME` at commit
 3e1f34b (2026-12-01; another CPU builds other weights: at commit d39fb00, on an AMD EPYC with AVX2
-kernels, tiny measured greedy 20.3%, sampled 24.8%, 28.5% all-wrong, p(wrap) 0.26) (seed 0, 1 CPU
-thread; greedy on the whole test split; sampled at T = 1, 8 answers to each of the first 256
-training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced on the clean
-test solutions, the mean probability of the right result digit on steps that do not and that do
-wrap past 9):
+kernels, tiny measured greedy 20.3%, sampled 24.8%, 28.5% all-wrong, p(wrap) 0.26) and again, with
+tiny-fork and the entropy columns, at commit 1e4b66e (2026-12-02, the same figures for the first
+three) (seed 0, 1 CPU thread; greedy on the whole test split; sampled at T = 1, 8 answers to each
+of the first 256 training questions, the groups of a GRPO step; p(plain), p(wrap): teacher-forced
+on the clean test solutions, in the question's order, the mean probability of the right result
+digit on steps that do not and that do wrap past 9; forks: of those groups' completion tokens, the
+share sampled above H = 0.672 nats; top 20%: the share of all their entropy the top 20% hold):
 
-  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  all-right
-  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      0.8%
-  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      0.0%
-  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      2.7%
+  world      terms  warm-up  noise  greedy (test)   sampled  all-wrong  mixed  all-right
+  tiny       4      200      0.6    21.6% of 1036   24.8%    26.2%      73.0%  0.8%
+  tiny-long  8      200      0.4    19.8% of 1024   11.6%    47.7%      52.3%  0.0%
+  tiny-weak  4      200      0.9     7.0% of 1036   11.8%    62.5%      34.8%  2.7%
+  tiny-fork  4      300      0.5    28.4% of 1036   21.0%    21.1%      78.5%  0.4%
 
-  world      p(plain)  p(wrap)  solution  budget
-  tiny       0.83      0.28     26        32
-  tiny-long  0.95      0.51     50        64
-  tiny-weak  0.95      0.07     26        32
+  world      p(plain)  p(wrap)  solution  budget  forks  mean H  median H  top 20%
+  tiny       0.83      0.28     26        32       7.6%  0.126   0.019     88%
+  tiny-long  0.95      0.51     50        64       7.5%  0.109   0.017     88%
+  tiny-weak  0.95      0.07     26        32       2.7%  0.070   0.016     82%
+  tiny-fork  0.97      0.46     26        32      23.7%  0.302   0.015     79%
 
 (solution: tokens of a worked solution with its <eos>, 6 * terms + 2; budget: train.py's
 max_new_tokens for the world, pick(tiny=32, tiny_long=64), with room for a longer wrong answer.)
@@ -111,6 +123,8 @@ WORLDS = {
     "tiny": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=WARMUP_NOISE),
     "tiny-long": dict(terms=8, warmup_steps=WARMUP_STEPS, noise=0.4),   # 7 steps, 50 tokens
     "tiny-weak": dict(terms=NUM_TERMS, warmup_steps=WARMUP_STEPS, noise=0.9),
+    # shuffle: the teacher adds the terms in any order, either operand first (solve)
+    "tiny-fork": dict(terms=NUM_TERMS, warmup_steps=300, noise=0.5, shuffle=True),
 }
 
 
@@ -157,15 +171,20 @@ def build_model(tokenizer, seed=0, hidden_size=128, num_layers=4):
 # -----------------------------------------------------------------------------
 # the task
 
-def solve(digits, rng=None, noise=0.0):
+def solve(digits, rng=None, noise=0.0, shuffle=False):
     """Worked solution of digits[0]+digits[1]+... (mod 10). With noise > 0 and an rng, a wrapping
-    step gets a forgotten carry (+1) with that probability: the sloppy teacher of the warm-up."""
+    step gets a forgotten carry (+1) with that probability: the sloppy teacher of the warm-up. With
+    shuffle and an rng [ours], the teacher adds the terms in a random order and writes either
+    operand of a step first: choices that never change the answer (tiny-fork's harmless forks)."""
+    if shuffle:
+        digits = rng.sample(digits, len(digits))
     acc, lines = digits[0], []
     for d in digits[1:]:
         s = (acc + d) % 10
         if noise > 0 and acc + d >= 10 and rng.random() < noise:
             s = (s + 1) % 10
-        lines.append(f"{acc}+{d}={s}")
+        a, b = (d, acc) if shuffle and rng.random() < 0.5 else (acc, d)
+        lines.append(f"{a}+{b}={s}")
         acc = s
     return " " + "\n".join(lines) + f"\n#### {acc}"
 
@@ -228,7 +247,7 @@ def _split(terms):
 # warm-up
 
 def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, noise=WARMUP_NOISE,
-           terms=NUM_TERMS, log=print):
+           terms=NUM_TERMS, shuffle=False, log=print):
     """Supervised warm-up from scratch on the sloppy teacher's solutions. Returns (model,
     tokenizer). [ours] One CPU thread, whatever the machine: a float sum's order depends on the
     thread count, and over 200 steps that moved weights by up to 0.018 (1 thread against 2). The
@@ -237,12 +256,12 @@ def warmup(seed=0, steps=WARMUP_STEPS, batch_size=WARMUP_BATCH, lr=WARMUP_LR, no
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _warmup(seed, steps, batch_size, lr, noise, terms, log)
+        return _warmup(seed, steps, batch_size, lr, noise, terms, shuffle, log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _warmup(seed, steps, batch_size, lr, noise, terms, log):
+def _warmup(seed, steps, batch_size, lr, noise, terms, shuffle, log):
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
     train = problems("train", seed=seed, terms=terms)
@@ -254,7 +273,8 @@ def _warmup(seed, steps, batch_size, lr, noise, terms, log):
         batch = [train[(step * batch_size + i) % len(train)] for i in range(batch_size)]
         # = data.format_prompt without a chat template
         prompts = [f"Question: {r['prompt']}\nAnswer:" for r in batch]
-        targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise) + EOS for r in batch]
+        targets = [solve([int(c) for c in r["prompt"].split("+")], rng, noise, shuffle) + EOS
+                   for r in batch]
         enc = tokenizer([p + t for p, t in zip(prompts, targets)], return_tensors="pt",
                         padding=True, padding_side="right")
         labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
@@ -275,17 +295,18 @@ def pretrained(path="out/tiny", seed=0, log=print, name="tiny"):
     reused."""
     spec = world(name)
     want = {"version": VERSION, "world": name, "seed": seed, "terms": spec["terms"],
-            "steps": spec["warmup_steps"], "noise": spec["noise"]}
+            "steps": spec["warmup_steps"], "noise": spec["noise"],
+            "shuffle": spec.get("shuffle", False)}
     marker = os.path.join(path, "tiny.json")
     if os.path.isfile(marker):
         with open(marker) as f:
-            # older folders: the default world
-            have = {"world": "tiny", "terms": NUM_TERMS, **json.load(f)}
+            # older folders: the default world, its teacher's fixed order
+            have = {"world": "tiny", "terms": NUM_TERMS, "shuffle": False, **json.load(f)}
         if all(have.get(k) == v for k, v in want.items() if k != "seed"):
             return path
     log(f"building the {name} world's warmed-up model in {path} (once: a minute or two on a CPU)")
     model, tokenizer = warmup(seed=seed, steps=spec["warmup_steps"], noise=spec["noise"],
-                              terms=spec["terms"], log=log)
+                              terms=spec["terms"], shuffle=want["shuffle"], log=log)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     with open(marker, "w") as f:  # written last: marks the folder complete

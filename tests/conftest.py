@@ -19,17 +19,30 @@ SHARED = ROOT.parent / "shared"
 requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is absent")
 
 
-@pytest.fixture(scope="session")
-def tiny_dir():
-    """The tiny world's warmed-up model as an HF folder: out/tiny, the folder `python train.py` builds and
-    uses, so it is built once (about 100 s on 2 cores) for the tests and the runs alike. tiny.pretrained rebuilds
-    it when it is missing, incomplete or from another version of tiny.py. Tests read it, never write it."""
+def world_dir(name):
+    """A tiny world's warmed-up model as an HF folder: out/NAME, the folder that
+    `python train.py --model NAME` builds and uses, so it is built once for the tests and the runs
+    alike. tiny.pretrained rebuilds it when it is missing, incomplete or from another version of
+    tiny.py. Tests read it, never write it."""
     from machinery import tiny
     (ROOT / "out").mkdir(exist_ok=True)
-    with open(ROOT / "out" / "tiny.lock", "w") as lock:  # pytest's two processes (-n 2) build it once, in turn
+    # pytest's two processes (-n 2) build it once, in turn
+    with open(ROOT / "out" / f"{name}.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
-        return tiny.pretrained(str(ROOT / "out" / "tiny"), log=lambda *a: None)
+        return tiny.pretrained(str(ROOT / "out" / name), log=lambda *a: None, name=name)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    """out/tiny, the default world (about 100 s on 2 cores to build)."""
+    return world_dir("tiny")
+
+
+@pytest.fixture(scope="session")
+def fork_dir():
+    """out/tiny-fork, the world with a real model's forks (about 75 s on one thread to build)."""
+    return world_dir("tiny-fork")
 
 
 # -----------------------------------------------------------------------------

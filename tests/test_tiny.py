@@ -1,7 +1,8 @@
 """tiny.py's worlds: the default world's questions exactly as before the named worlds (the same rows in
 the same order), long chains from a fixed sample with disjoint splits, every world's settings (its
-token budget fits a worked solution), tiny-weak's teacher (it adds, and rarely carries), and a world's
-warmed-up folder built, recognised and rebuilt."""
+token budget fits a worked solution), tiny-weak's teacher (it adds, and rarely carries), tiny-fork's
+teacher (any order, answers that grade right) and its model's forks, and a world's warmed-up folder
+built, recognised and rebuilt."""
 import hashlib
 import json
 import random
@@ -48,7 +49,7 @@ def test_every_world_is_complete_and_its_budget_fits_a_solution():
     assert tiny.WORLDS["tiny"] == dict(terms=4, warmup_steps=200, noise=0.6)
     for name, spec in tiny.WORLDS.items():
         assert name == "tiny" or name.startswith("tiny-")
-        assert set(spec) == {"terms", "warmup_steps", "noise"}
+        assert set(spec) - {"shuffle"} == {"terms", "warmup_steps", "noise"}
         # a worked solution is 6 * terms + 2 tokens: " ", terms-1 lines "a+b=c" and their newlines,
         # "\n#### d" and <eos> (26 for 4 terms); the budget leaves room for a longer, wrong answer
         solution = tiny.solve([9] * spec["terms"]) + tiny.EOS
@@ -94,6 +95,65 @@ def test_tiny_weak_adds_like_the_default_world_but_rarely_carries():
     # (digit sum <= 9): 66 of the 1036 test questions, the floor under the world's 7.0% greedy start
     test = tiny.problems("test")
     assert sum(sum(map(int, r["prompt"].split("+"))) <= 9 for r in test) == 66
+
+
+def test_tiny_fork_teacher_adds_in_any_order_and_every_reference_answer_grades_right():
+    """tiny-fork's forks of two kinds: the order of the terms and of a step's operands (the answer
+    stays), and the forgotten carry (the answer changes). The default world's teacher is as it
+    was."""
+    from reward import grade
+    fork = tiny.WORLDS["tiny-fork"]
+    assert fork == {**tiny.WORLDS["tiny"], "warmup_steps": 300, "noise": 0.5, "shuffle": True}
+    rng, firsts, acc_second, later, forgotten, wrapping = random.Random(0), set(), 0, 0, 0, 0
+    for r in tiny.problems("train") + tiny.problems("test"):  # tiny's questions, 4 terms
+        digits = [int(c) for c in r["prompt"].split("+")]
+        clean = tiny.solve(digits, rng, 0.0, shuffle=True)
+        assert r["answer"] == str(sum(digits) % 10) and grade(clean, r["answer"]) == 1.0, (r, clean)
+        steps = [list(map(int, s.replace("=", "+").split("+"))) for s in clean.split("\n")[:-1]]
+        terms, acc = [steps[0][0], steps[0][1]], steps[0][2]
+        for a, b, c in steps[1:]:  # one operand is the previous result, the other a new term
+            assert acc in (a, b) and c == (a + b) % 10
+            terms.append(b if a == acc else a)
+            if a != b:  # which operand came first shows
+                acc_second += b == acc
+                later += 1
+            acc = c
+        assert sorted(terms) == sorted(digits)  # every term of the question, once
+        firsts.add(steps[0][0])
+        sloppy = tiny.solve(digits, rng, fork["noise"], shuffle=True)
+        for a, b, c in (map(int, s.replace("=", "+").split("+")) for s in sloppy.split("\n")[:-1]):
+            if a + b >= 10:
+                wrapping += 1
+                forgotten += c == (a + b + 1) % 10
+    assert firsts == set(range(10)) and 0.45 < acc_second / later < 0.55
+    assert 0.47 < forgotten / wrapping < 0.53
+    # the same seed writes the same solutions; without shuffle the default world's teacher draws
+    # and writes exactly as before tiny-fork (the digest of commit ca76006's)
+    one, two = random.Random(1), random.Random(1)
+    assert [tiny.solve([3, 8, 5, 9], one, 0.5, True) for _ in range(20)] == \
+        [tiny.solve([3, 8, 5, 9], two, 0.5, True) for _ in range(20)]
+    rng = random.Random(0)
+    out = [tiny.solve([rng.randrange(10) for _ in range(4)], rng, 0.6) for _ in range(500)]
+    assert hashlib.sha256("|".join(out).encode()).hexdigest() == \
+        "0f7235cb04854d4f6a0aaafd7f3db8d6b082b34a380662c24ece6ebe9112abab"
+
+
+def test_tiny_fork_has_a_real_models_share_of_forks_and_tiny_has_not(fork_dir, tiny_dir,
+                                                                      one_thread):
+    """At T = 1 on its training questions, tiny-fork's warmed-up model samples 15-25% of its tokens
+    above 0.672 nats with a mean entropy of 0.2-0.4 (a real 0.5B model on GSM8K: 17.1%, 0.281); the
+    default world's forks are too few (5.7%) for token selection to have anything to select."""
+    from experiments.world_figures import entropy_profile
+    from machinery.model import load_model
+    rows = tiny.problems("train")[:32]  # 32 groups of 8: about 6,700 tokens
+    profile = {}
+    for name, folder in (("tiny-fork", fork_dir), ("tiny", tiny_dir)):
+        model, tokenizer = load_model(folder, device="cpu")
+        profile[name] = entropy_profile(model, tokenizer, rows, max_new_tokens=32)
+    fork, plain = profile["tiny-fork"], profile["tiny"]
+    assert 0.15 <= fork["forking share"] <= 0.25 and 0.2 <= fork["mean H"] <= 0.4, fork
+    assert fork["median H"] < 0.1 and fork["top 20% hold"] > 0.6, fork  # most tokens are certain
+    assert plain["forking share"] < 0.1 and plain["mean H"] < 0.2, plain
 
 
 def test_the_warm_up_is_the_same_on_any_number_of_threads():
