@@ -1,6 +1,7 @@
 r"""
 Rewards, D3S step 2 (docs/algorithm.md): r_i = 1 when the final answer written in completion i
-equals the reference answer, else 0; a completion with no answer scores 0 and is counted.
+equals the reference answer, else 0; a completion with no answer, or a hedge ("5 or 6"), scores
+0 and is counted.
 
     extract_answer(text, truncated=False) -> str | None   the final answer written in a completion
     grade(text, reference, truncated=False) -> float      1.0 right, 0.0 wrong or no answer
@@ -16,10 +17,9 @@ reference answers out of its solutions (machinery/data.py).
 """
 import re
 
-from machinery.grader import canonical, compare
+from machinery.grader import box_content, canonical, compare, hedged
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # not `\boxedsymbol`
-_BARE = re.compile(r"[^\s$]+")  # `\boxed 5`: up to whitespace or `$`
 
 
 def last_boxed(text):
@@ -30,44 +30,21 @@ def last_boxed(text):
     mid-answer) gives None rather than an earlier box: the model had not finished answering.
     """
     boxes = list(_BOX.finditer(text))
-    box = _box_content(text, boxes[-1].end()) if boxes else None
+    box = box_content(text, boxes[-1].end()) if boxes else None
     return None if box is None else box[0]
 
 
-def _box_content(text, i):
-    """(content, runs_to_end) of the box whose command ends at text[i], or None if it never closes.
-    runs_to_end: a brace-less box (`\\boxed 5`) whose content stops only at the end of the text, so
-    a completion cut off there may have lost the rest of it ("5" of "56")."""
-    n, j = len(text), i
-    while j < n and text[j] in " \t":
-        j += 1
-    if j < n and text[j] == "{":
-        depth, k = 0, j
-        while k < n:
-            c = text[k]
-            if c == "\\":
-                k += 2  # an escaped character (`\{`, `\}`, `\\`) never opens or closes the box
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1:k], False
-            k += 1
-        return None  # unbalanced: cut off before the box closed
-    m = _BARE.match(text, j)
-    return (m.group(0), m.end() == n) if m else None
-
-
-# A number in running text: -12, 1,234.5, .5, 3/4, a mixed number 3 1/2, and the scale words after
-# it, which the grader reads as multipliers ("the answer is 1.5 million" is 1500000, not 1.5). A
+# A number in running text: -12, 1,234.5, .5, 3/4, a mixed number 3 1/2, and a percent sign or the
+# scale words after it, which the grader reads as multipliers ("1.5 million" is 1500000). A
 # minus sign counts only where it cannot be subtraction (not after a digit, letter or bracket).
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?"
     r"(?:\d+[ \t]+\d+/\d+(?![\d/]|\.\d)"                                     # 3 1/2
     r"|(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?!\.\d))?)"  # 1,234.5, 3/4
-    r"(?:[ \t]+(?i:hundred|thousand|million|billion|trillion|dozen)s?\b)*")   # 1.5 million
+    r"(?:\\?%|(?:[ \t]+(?i:hundred|thousand|million|billion|trillion|dozen|percent)s?\b)*)")
+# "12 * 3 = 36" after "the answer is": an arithmetic chain, whose value is its last (36).
+_CHAIN = re.compile(r"(?:[ \t]*(?:[-+*×÷·=]|\\times|\\cdot|\\div|(?<=[ \t])[xX](?=[ \t]))"
+                    rf"[ \t]*\\?\$?(?:{_NUMBER.pattern}))*")
 _HASHES = "####"
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
@@ -85,10 +62,13 @@ def extract_answer(text, truncated=False):
     1. the content of the last non-empty \\boxed{...} / \\fbox{...} (the instruction asks for one);
     2. the number after the last `####` (GSM8K's own format);
     3. what follows the last "the answer is": a $...$ / \\(...\\) span right after it, else the
-       first number on the rest of that line;
-    4. the last number anywhere in the text (3 1/2 and 1.5 million are numbers, as in a box).
-    [ours] An empty box (`\\boxed{}`, `\\boxed{ $ $ }`) is skipped as if it were not there. A box
-    that never closes (cut off at max_new_tokens) gives None: the model had not finished writing.
+       first number on the rest of that line, or the last value of the arithmetic it begins
+       ("12 * 3 = 36": 36);
+    4. the last number anywhere in the text (3 1/2, 1.5 million and 50% are numbers, as in a box).
+    [ours] A hedge, two values joined by "or" in rules 1-3 ("5 or 6", "\\boxed{5} or \\boxed{6}"),
+    is no answer: the model has not chosen (machinery/grader.py's hedged). An empty box
+    (`\\boxed{}`, `\\boxed{ $ $ }`) is skipped as if it were not there. A box that never closes
+    (cut off at max_new_tokens) gives None: the model had not finished writing.
     truncated: the completion hit max_new_tokens without a stop token. Then only rules 1 and 2
     apply, and rule 2 only when the `####` line has ended (the number itself may have been cut:
     "1,0" of "1,080"); likewise a brace-less box must not run into the end of the text.
@@ -98,18 +78,19 @@ def extract_answer(text, truncated=False):
                          f"decode the completion first")
     _check_truncated(truncated)
     for box in reversed(list(_BOX.finditer(text))):  # the last box first
-        content = _box_content(text, box.end())
+        content = box_content(text, box.end())
         if content is None:
             return None  # this box never closed: cut off mid-answer
-        content, runs_to_end = content
+        content, stop, runs_to_end = content
         if canonical(content):
-            return None if truncated and runs_to_end else content.strip()
+            cut = truncated and runs_to_end
+            return None if cut or hedged(content, text, box.start(), stop) else content.strip()
         # an empty box: try the one before it
     i = text.rfind(_HASHES)
     if i >= 0:
         m = _NUMBER.search(text, i + len(_HASHES))
         if m and not (truncated and text.find("\n", m.end()) < 0):
-            return m.group(0)
+            return None if hedged(m.group(0), text, *m.span()) else m.group(0)
     if truncated:
         return None  # no explicit, finished answer: rules 3 and 4 are for completions that ended
     matches = list(_ANSWER_IS.finditer(text))
@@ -121,11 +102,15 @@ def extract_answer(text, truncated=False):
         if m:
             span = next(g for g in m.groups() if g is not None).strip()
             if span:
-                return span
+                return None if hedged(span, text, *m.span()) else span
         eol = text.find("\n", j)
-        m = _NUMBER.search(text, j, len(text) if eol < 0 else eol)  # on the rest of that line
-        if m:
-            return m.group(0)
+        eol = len(text) if eol < 0 else eol  # the end of that line
+        m = _NUMBER.search(text, j, eol)
+        if m:  # the first number on the rest of the line, or the last value of its chain
+            end = _CHAIN.match(text, m.end(), eol).end()
+            start = max(m.start(), text.rfind("=", m.start(), end) + 1)
+            answer = text[start:end].strip(" \t\\$")
+            return None if hedged(answer, text, start, end) else answer
     numbers = list(_NUMBER.finditer(text))
     return numbers[-1].group(0) if numbers else None
 
@@ -157,8 +142,8 @@ def score(completions, references, truncated=None):
 
     truncated: one bool per completion (train.py passes rollouts.truncated.tolist()), or None when
     none was cut off. Returns (rewards: list[float], stats: dict) with stats n, correct, no_answer
-    (no extractable answer: the algorithm's parse failures, truncated completions without an
-    explicit answer included), timeout, error, accuracy (correct / n).
+    (no extractable answer: the algorithm's parse failures, hedges and truncated completions
+    without an explicit answer included), timeout, error, accuracy (correct / n).
     """
     if len(completions) != len(references):
         raise ValueError(f"completions and references must have the same length, got "

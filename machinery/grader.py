@@ -46,14 +46,10 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 def compare(answer, reference):
     """The outcome of comparing an extracted answer with a reference (both non-empty str):
     "correct", "wrong", "timeout" (math-verify ran out of time) or "error" (math-verify failed)."""
-    a, b = _as_number(answer), _as_number(reference)
-    if a is not None and b is not None:
-        ok = _numbers_equal(a, b)
-    elif canonical(answer) == canonical(reference):
-        ok = True
-    elif _too_risky(answer) or _too_risky(reference):
+    ok = _plain_equal(answer, reference)
+    if ok is None and (_too_risky(answer) or _too_risky(reference)):
         ok = False  # only the string comparison above, which failed
-    else:
+    elif ok is None:
         try:
             ok = _symbolic_equal(answer, reference)
         except _OutOfTime:
@@ -63,6 +59,15 @@ def compare(answer, reference):
             # RecursionError in sympy, say). An answer we cannot compare is not a right answer.
             return "error"
     return "correct" if ok else "wrong"
+
+
+def _plain_equal(answer, reference):
+    """compare's fast path, with no sympy: True or False for two plain numbers, True for two equal
+    spellings, else None (math-verify decides)."""
+    a, b = _as_number(answer), _as_number(reference)
+    if a is not None and b is not None:
+        return _numbers_equal(a, b) or _percent_written_bare(answer, reference, a, b)
+    return True if canonical(answer) == canonical(reference) else None
 
 # -----------------------------------------------------------------------------
 # Plain numbers: exact fractions, no sympy
@@ -90,7 +95,7 @@ _TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
 # number and math-verify, which does not strip them either (see _EXTRACTION), decides. The cost is
 # a false negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
 _SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
-           "trillion": 10 ** 12, "dozen": 12}
+           "trillion": 10 ** 12, "dozen": 12, "percent": Fraction(1, 100)}  # % is "percent"
 # "sec" and "min" are seconds and minutes here: right after a number, with no argument, they cannot
 # be the functions. "per" and "of" join unit words (5 miles per hour, 3 cups of flour).
 _UNITS = frozenset(
@@ -102,6 +107,7 @@ _MATH_WORDS = frozenset(  # words of four letters or more that name mathematics,
     "half halves third thirds quarter quarters fourth fourths fifth fifths sixth sixths seventh "
     "sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth thousandths "
     "millionth millionths billionth billionths squared cubed factorial".split())
+_SI_LETTERS = frozenset("m s g h l".split())  # metre, second, gram, hour, litre: in a rate only
 # A function name, alone or applied to one letter: sin, sinh, arcsin, sinx, cosh, logx, lnx, sqrtx.
 _FUNCTION_OF = re.compile(
     r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?[a-z]?|(?:log|ln|lg|exp|sqrt)[a-z]?")
@@ -114,8 +120,12 @@ def _scale(word):
 
 
 def _is_unit(word):
-    """True when a word after a number is a unit or a noun, to be dropped; see above."""
+    """True when a word after a number is a unit or a noun, to be dropped; see above. A rate (m/s,
+    km/h, dollars/hour) is one when each part is a unit or one of _SI_LETTERS: alone a letter is a
+    variable, but a letter over a letter written after a number is a unit."""
     w = word.lower()
+    if "/" in w:
+        return all(_is_unit(part) or part in _SI_LETTERS for part in re.split(r"\s*/\s*", w))
     if _scale(w):
         return False  # a multiplier, never dropped
     if w in _UNITS:
@@ -123,7 +133,8 @@ def _is_unit(word):
     return len(w) >= 4 and w not in _MATH_WORDS and not _FUNCTION_OF.fullmatch(w)
 
 
-_WORD = re.compile(r"([A-Za-z]+)\.?(\s*\^\s*(?:\d|\{\s*\d\s*\}))?")  # cm, sq., cm^2, cm^{2}
+# cm, sq., cm^2, cm^{2}, m/s
+_WORD = re.compile(r"([A-Za-z]+(?:\s*/\s*[A-Za-z]+)*)\.?(\s*\^\s*(?:\d|\{\s*\d\s*\}))?")
 
 
 def _words_factor(words):
@@ -149,11 +160,14 @@ _SIGNED = r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*"  # an optional "x =", then the si
 # words always need a space between them, so a run of letters is one word and the pattern never
 # backtracks into splitting it. An exponent belongs to a word only: "2^3" is no plain number
 # (math-verify makes it 8).
-_W = r"[A-Za-z]+\.?(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?"
+_W = r"[A-Za-z]+(?:\s*/\s*[A-Za-z]+)*\.?(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?"
 _WORDS = rf"((?:\s*{_W}(?:\s+{_W})*)?)\s*\.?"
+# Scientific notation: 1e9, 1.5e3, 6.02\times10^{23}; exponents of up to three digits.
+_TIMES_TEN = (r"(?:[eE]([+-]?\d{1,3})"
+              r"|\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,3})\s*\}|(\d)))?")
 _FRAC = r"\\[dt]?frac\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))"
 # The forms of a plain number. In each, group 1 is the sign and the last group the words after it.
-_AS_NUMBER = re.compile(rf"{_SIGNED}({_PLAIN}){_WORDS}")                    # 18, -1,000.5
+_AS_NUMBER = re.compile(rf"{_SIGNED}({_PLAIN}){_TIMES_TEN}{_WORDS}")        # 18, -1,000.5, 1e3
 _AS_SLASH = re.compile(rf"{_SIGNED}({_PLAIN})\s*/\s*({_PLAIN}){_WORDS}")     # 3/4, 1.5/2
 _AS_FRAC = re.compile(rf"{_SIGNED}{_FRAC.format(sign='[+-]?')}{_WORDS}")     # \frac{3}{4}, \frac34
 # [ours] A mixed number: a whole number, then a proper fraction of positive integers, with a space
@@ -162,19 +176,23 @@ _AS_FRAC = re.compile(rf"{_SIGNED}{_FRAC.format(sign='[+-]?')}{_WORDS}")     # \
 _AS_MIXED = re.compile(
     rf"{_SIGNED}(\d+)(?:\s+(\d+)/(\d+)|\s*{_FRAC.format(sign='')}){_WORDS}")
 _DECIMALS = re.compile(r"\.\d")  # "0.5", ".5"; not "5." (an integer with a full stop)
+_ORDINAL = re.compile(r"(\d+)\s*(st|nd|rd|th)")  # 5th = 5; 5rd is no ordinal
 
 
 def _as_number(s):
     """(exact value as a Fraction, written with decimals) when s is a plain number, else None.
 
-    A plain number: an integer, a decimal, a/b, \\frac{a}{b} or a mixed number, with $, %, commas,
-    degrees and "x =" allowed, and after it only scale words and units (see _words_factor). This is
-    the fast path: no sympy, a few microseconds."""
+    A plain number: an integer, a decimal (1.5e3 too), a/b, \\frac{a}{b}, a mixed number or an
+    ordinal (5th), with $, commas, degrees and "x =" allowed, and after it only scale words and
+    units (see _words_factor); % is the scale word "percent", 1/100. This is the fast path: no
+    sympy, a few microseconds."""
     if len(s) > 60:
         return None  # no plain number is this long; also keeps int() below its digit limit
-    s = _NOISE.sub("", s.replace("\\$", "")).replace("{,}", ",").replace("\\%", "").replace("%", "")
-    s = _TEXT_BOX.sub(r" \1 ", _DEGREES.sub("", s)).strip()
+    s = _NOISE.sub("", s.replace("\\$", "").replace("\\%", "%")).replace("{,}", ",")
+    s = _TEXT_BOX.sub(r" \1 ", _DEGREES.sub("", s.replace("%", " percent "))).strip()
     s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
+    if (m := _ORDINAL.fullmatch(s)) and m[2] == _ordinal_suffix(int(m[1])):
+        s = m[1]
     if m := _AS_MIXED.fullmatch(s):
         whole, num, den = (int(x) for x in m.groups()[1:-1] if x is not None)
         if not 0 < num < den:
@@ -182,6 +200,7 @@ def _as_number(s):
         value, decimals = whole + Fraction(num, den), False
     elif m := _AS_NUMBER.fullmatch(s):
         value, decimals = Fraction(m[2].replace(",", "")), _DECIMALS.search(m[2]) is not None
+        value *= Fraction(10) ** int(m[3] or m[4] or m[5] or 0)
     elif m := _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s):
         num, den = (x.replace(",", "") for x in m.groups()[1:-1] if x is not None)
         if Fraction(den) == 0:
@@ -194,6 +213,10 @@ def _as_number(s):
     if factor is None:
         return None
     return (-value if m[1] == "-" else value) * factor, decimals
+
+
+def _ordinal_suffix(n):
+    return "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def _numbers_equal(a, b):
@@ -213,6 +236,20 @@ def _numbers_equal(a, b):
     return rounded and abs(x - y) <= REL_TOL * max(abs(x), abs(y))
 
 
+_PERCENT = re.compile(r"%|\bpercents?\b", re.IGNORECASE)
+
+
+def _percent_written_bare(answer, reference, a, b):
+    """[ours] True for a bare number x against p% (either way round) when x = p and |x| > 1: data
+    sets write "50" for "50%", and a model may too. a and b are the two sides' _as_number, in which
+    p% is already p/100 (50% = 0.5). Not for |x| <= 1, where the bare number may as well be the
+    fraction itself: 0.5% is not 0.5."""
+    if bool(_PERCENT.search(answer)) == bool(_PERCENT.search(reference)):
+        return False
+    (x, x_decimal), (p, p_decimal) = (b, a) if _PERCENT.search(answer) else (a, b)
+    return abs(x) > 1 and _numbers_equal((x, x_decimal), (p * 100, p_decimal))
+
+
 def _terminates(q):
     """True when the Fraction q has a finite decimal expansion: its denominator is 2^i 5^j."""
     d = q.denominator
@@ -230,6 +267,78 @@ def canonical(s):
     s = _DEGREES.sub("", s)
     s = re.sub(r"\\(?:text|mbox|textbf|mathrm)\s*\{([^{}]*)\}", r"\1", s)
     return re.sub(r"\s+", "", s).rstrip(".")
+
+# -----------------------------------------------------------------------------
+# Reading a completion: where a box ends, and hedges (two values offered for one answer)
+
+_BARE = re.compile(r"[^\s$]+")  # `\boxed 5`: up to whitespace or `$`
+
+
+def box_content(text, i):
+    """(content, end, runs_to_end) of the box whose command ends at text[i], or None if it never
+    closes (end: where the box ends).
+    runs_to_end: a brace-less box (`\\boxed 5`) whose content stops only at the end of the text, so
+    a completion cut off there may have lost the rest of it ("5" of "56")."""
+    n, j = len(text), i
+    while j < n and text[j] in " \t":
+        j += 1
+    if j < n and text[j] == "{":
+        depth, k = 0, j
+        while k < n:
+            c = text[k]
+            if c == "\\":
+                k += 2  # an escaped character (`\{`, `\}`, `\\`) never opens or closes the box
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[j + 1:k], k + 1, False
+            k += 1
+        return None  # unbalanced: cut off before the box closed
+    m = _BARE.match(text, j)
+    return (m.group(0), m.end(), m.end() == n) if m else None
+
+
+# A hedge [ours]. "or" (or "and/or") between two values inside the answer (5 \text{ or } 6; not
+# x = 2 or x = 3, a set of solutions), or joined to it from outside: a value after it on its line
+# ($5$ or $6$, \boxed{5} or 6), or a box before a box (\boxed{5} or \boxed{6}). Only a box before
+# a box: MATH's solutions restate a result into its box ("$\frac{72}{6}$, or $\boxed{12}$").
+_OR = (r"[ \t]*(?:\$|\\\))?[ \t]*,?[ \t]*(?:\\(?:text|mbox)\s*\{[ \t]*)?"  # "$ or", ", \text{ or }"
+       r"(?:or|and/or)(?![A-Za-z])[ \t]*\}?[ \t]*")
+_BOXED = r"\\(?:boxed|fbox)\s*\{((?:[^{}\n]|\{[^{}\n]*\})*)\}"  # one level of braces inside
+_OR_INSIDE = re.compile(r"(?:\d|\\pi|\})" + _OR + r"[-+]?[ \t]*(?:\.?\d|\\[dt]?frac|\\sqrt|\\pi)")
+_OR_AFTER = re.compile(_OR + r"(?:either[ \t]+)?(?:\$([^$\n]+)\$|\\\((.+?)\\\)|" + _BOXED
+                       + r"|([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?))")
+_BOX_OR = re.compile(_BOXED + _OR + r"(?:\$|\\\()?[ \t]*$")
+
+
+def hedged(answer, text, start, end):
+    """True when the answer read from text[start:end] is a hedge (see above): two values offered
+    for one answer, so reward.extract_answer finds none. The other value must differ from the
+    answer: "$\\frac{72}{6}$ or $12$" is one value. A value after the answer differs unless the two
+    are equal plain numbers or spelled alike; a box before a box, unless math-verify finds them
+    equal within half of DEADLINE_S (\\boxed{x+11} or \\boxed{11+x}), so that a hedge check and
+    the grade after it stay within a second."""
+    if _OR_INSIDE.search(answer):
+        return True
+    after = _OR_AFTER.match(text, end)
+    if after and not _plain_equal(after[after.lastindex], answer):
+        return True
+    before = _BOX_OR.search(text, max(0, start - 200), start)
+    return bool(before) and not _equal_within(before[1], answer, DEADLINE_S / 2)
+
+
+def _equal_within(a, b, seconds):
+    """compare(a, b) == "correct", with math-verify given `seconds`; a timeout or error is False."""
+    ok = _plain_equal(a, b)
+    if ok is None and not (_too_risky(a) or _too_risky(b)):
+        try:
+            ok = _symbolic_equal(a, b, seconds)
+        except (_OutOfTime, Exception):
+            ok = False
+    return bool(ok)
 
 # -----------------------------------------------------------------------------
 # Everything else: math-verify, behind two fences
@@ -312,9 +421,13 @@ _EXTRACTION = [
 # The words at the end of an answer: a text box of words, or bare words not glued to a command or a
 # letter before them (`\pi inches`, not the "pi" of `\pi`); an exponent may follow.
 _TRAILING_WORDS = re.compile(
-    r"(?:\\(?:text|mbox|textrm|mathrm)\s*\{([A-Za-z .]*)\}"
+    r"(?:\\(?:text|mbox|textrm|mathrm)\s*\{([A-Za-z ./]*)\}"
     r"|(?<![\\A-Za-z])([A-Za-z]+(?:\s+[A-Za-z]+)*))"
     r"(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?\s*\.?\s*$")
+# An angle in degrees as a trigonometric function's argument, which sympy would read in radians:
+# \sin 30^\circ is \sin(30\pi/180).
+_TRIG_DEGREES = re.compile(r"(\\(?:sin|cos|tan|cot|sec|csc)\s*\(?\s*)(\d+(?:\.\d+)?)"
+                           r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)")
 _ROMAN_CONSTANT = re.compile(r"\\(?:text|mathrm|textrm|mbox)\s*\{\s*([ie])\s*\}")  # \mathrm{i}
 
 
@@ -322,12 +435,13 @@ def _for_sympy(s):
     """s as math-verify should see it. The words at its end are dropped when every one is a unit by
     _is_unit and something is left (8\\sqrt{3}\\text{ square inches} is 8\\sqrt{3}; \\text{Evelyn}
     and 2\\sqrt{2}\\text{ million} stay whole), and \\mathrm{i}, \\text{e} become the constants i
-    and e."""
+    and e, and an angle in degrees inside \\sin, \\cos, ... is read in degrees."""
     m = _TRAILING_WORDS.search(s)
     if m and s[:m.start()].strip():
-        words = re.findall(r"[A-Za-z]+", m[2] if m[1] is None else m[1])
+        words = re.findall(r"[A-Za-z]+(?:\s*/\s*[A-Za-z]+)*", m[2] if m[1] is None else m[1])
         if all(_is_unit(w) for w in words):
             s = s[:m.start()]
+    s = _TRIG_DEGREES.sub(r"\1(\2\\pi/180)", s)
     return _ROMAN_CONSTANT.sub(r" \1 ", s)
 
 
@@ -341,23 +455,26 @@ _WARM_UP = (("(a+1)^2", "a^2+2a+1"), ("x \\in [-2,7]", "[-2,7]"), ("\\log_2 8", 
             ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"))
 
 
-def _symbolic_equal(answer, reference):
-    """math-verify's verdict on two LaTeX answers, within DEADLINE_S on the main thread."""
+def _symbolic_equal(answer, reference, seconds=None):
+    """math-verify's verdict on two LaTeX answers, within `seconds` (DEADLINE_S) on the main
+    thread."""
     global _warmed_up
     if not _warmed_up:
         # What sympy loads on first use is loaded once, outside the deadline, so that it is not
         # charged to whichever answer of its kind comes first (over 0.5 s on a busy machine: a
         # right answer graded 0 as a timeout).
         for gold, pred in _WARM_UP:
-            verify(parse(f"${gold}$", _EXTRACTION, parsing_timeout=None),
-                   parse(f"${pred}$", _EXTRACTION, parsing_timeout=None), timeout_seconds=None)
+            _verify(pred, gold)
         _warmed_up = True
+    return _with_deadline(lambda: _verify(answer, reference), seconds or DEADLINE_S)
 
-    def run():
-        # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the
-        # gold side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
-        gold = parse("\\boxed{" + _for_sympy(reference) + "}", _EXTRACTION, parsing_timeout=None)
-        pred = parse("\\boxed{" + _for_sympy(answer) + "}", _EXTRACTION, parsing_timeout=None)
-        return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
 
-    return _with_deadline(run, DEADLINE_S)
+def _verify(answer, reference):
+    # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the gold
+    # side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
+    # allow_set_relation_comp: an inequality answer equals an interval reference (x > 2 =
+    # (2,\infty)); by default math-verify allows that only with the inequality as the gold.
+    gold = parse("\\boxed{" + _for_sympy(reference) + "}", _EXTRACTION, parsing_timeout=None)
+    pred = parse("\\boxed{" + _for_sympy(answer) + "}", _EXTRACTION, parsing_timeout=None)
+    return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None,
+                                                allow_set_relation_comp=True)

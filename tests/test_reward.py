@@ -386,6 +386,101 @@ def test_scale_words_and_mixed_numbers_are_exact(patient):
         assert grader._as_number(not_plain) is None, not_plain  # math-verify decides these
 
 
+# -----------------------------------------------------------------------------
+# Every grade honest: each row was graded the other way before (answer, reference, verdict), and
+# holds both ways round. Percent: p% is p/100, and a bare x against p% is also right when x = p
+# and |x| > 1 (data sets write "50" for "50%"); 0.5% is not 0.5.
+
+HONEST = [
+    (r"0.5\%", "0.5", 0.0),                      # was 1: the percent sign dropped without dividing
+    (r"\frac{1}{2}\%", "0.5", 0.0),              # was 1
+    (r"50\%", "0.5", 1.0),                       # was 0
+    (r"5\%", "0.05", 1.0),                       # was 0
+    (r"1.5e3", "1500", 1.0),                     # was 0: math-verify read 1.5 * e * 3
+    (r"6.02\times10^{23}", "602000000000000000000000", 1.0),  # was 0
+    (r"\sin 30^\circ", r"\frac12", 1.0),         # was 0: sympy read 30 radians
+    (r"x > 2", r"(2,\infty)", 1.0),              # was 0: math-verify set only a gold inequality
+    (r"x \geq 2", r"[2,\infty)", 1.0),           # was 0
+    (r"9.8\text{ m/s}^2", "9.8", 1.0),           # was 0: a rate of units is a unit
+    (r"5\text{th}", "5", 1.0),                   # was 0: an ordinal
+    # kept as they were, and the edges of the new rules
+    ("50", r"50\%", 1.0),                        # a bare number for a percentage: x = p, |x| > 1
+    ("44", r"44\%", 1.0),
+    ("0.44", r"44\%", 1.0),
+    ("1", r"1\%", 0.0),                          # |x| = 1: not a percentage written bare
+    ("0.5", r"0.5\%", 0.0),
+    (r"25 \text{ percent}", "0.25", 1.0),        # the word is the sign
+    (r"33.3\%", "0.333", 1.0),
+    (r"33.3\%", "33", 0.0),
+    ("3.0e-3", "0.003", 1.0),
+    (r"2 \cdot 10^3", "2000", 1.0),
+    (r"6.02\times10^{23}", "602000000000000000000001", 0.0),  # exact, as every plain number
+    ("2e", "2", 0.0),                            # e alone is Euler's number, no exponent
+    (r"\sin 30", r"\frac12", 0.0),               # radians without the degree sign
+    (r"\cos 60^\circ", "0.5", 1.0),
+    (r"x > 2", r"[2,\infty)", 0.0),              # open is not closed
+    (r"x \geq 2", r"(2,\infty)", 0.0),
+    (r"x < 3", r"(-\infty, 3)", 1.0),
+    (r"5 \text{ km/h}", "5", 1.0),
+    ("5 x/y", "5", 0.0),                         # letters that are no units: variables
+    ("21st", "21", 1.0),
+    ("5rd", "5", 0.0),                           # only a number's own ordinal suffix
+    ("12nd", "12", 0.0),
+]
+
+
+@pytest.mark.parametrize("answer, reference, expected", HONEST)
+def test_every_grade_honest(answer, reference, expected, patient):
+    assert grade(f"\\boxed{{{answer}}}", reference) == expected
+    assert grade(f"\\boxed{{{reference}}}", answer) == expected  # the same the other way round
+
+
+@pytest.mark.parametrize("gold, pred", grader._WARM_UP)
+def test_warm_up_pairs_are_equal(gold, pred, patient):
+    # the grader's own warm-up pairs are equal answers; \sin 30^\circ = \frac12 was graded 0
+    assert grader.compare(pred, gold) == grader.compare(gold, pred) == "correct"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 12 * 3 = 36.", "36"),             # was 12: the chain's last value
+    ("The answer is 12 x 3 = 36 dollars", "36"),
+    (r"The answer is 5 \times 3 = 15", "15"),
+    ("The answer is $12 * 3 = $36.", "36"),
+    ("The answer is 12 * 3", "12 * 3"),                # no "=": the whole chain, which evaluates
+    ("The answer is 12. Check: 12 + 1 = 13", "12"),
+    ("The answer is 50%.", "50%"),                     # the percent sign belongs to the number
+    ("The answer is $5$ or $6$.", None),               # was 5: a hedge
+    ("The answer is 5 or 6", None),
+    ("The answer is 5 and/or 6.", None),
+    ("The answer is either 5 or 6.", None),
+    (r"\boxed{5} or \boxed{6}", None),                 # two different boxed values
+    (r"$\boxed{5}$ or $\boxed{6}$", None),
+    (r"\boxed{5 \text{ or } 6}", None),
+    (r"The answer is $5 \text{ or } 6$", None),
+    (r"\boxed{5} \text{ or } \boxed{6}", None),
+    (r"\boxed{5} or 6", None),
+    ("#### 5 or 6\n", None),
+    (r"which is $\frac{72}{6}$, or $\boxed{12}$.", "12"),  # restating into a box: MATH's habit
+    (r"so $\boxed{x+11}$ or $\boxed{11+x}$.", "11+x"),     # one value, two spellings
+    (r"The answer is $\frac{72}{6}$ or $12$.", r"\frac{72}{6}"),
+    (r"\boxed{5}, or 5 dollars", "5"),
+    ("The answer is 5 or more.", "5"),
+    (r"\boxed{x = 2 \text{ or } x = 3}", r"x = 2 \text{ or } x = 3"),  # a set of solutions
+    ("It is 5 or 6", "6"),                             # rule 4, the last number, is a guess anyway
+])
+def test_chains_and_hedges(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_hedges_score_zero_and_count_as_no_answer():
+    completions = ["The answer is 12 * 3 = 36.", "The answer is $5$ or $6$.",
+                   r"\boxed{5} or \boxed{6}", r"\boxed{5}", r"\boxed{6}"]
+    rewards, stats = score(completions, ["12", "5", "6", "5", "5"])
+    assert rewards == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert stats["no_answer"] == 2 and stats["correct"] == 1
+    assert grade("The answer is 12 * 3 = 36.", "36") == 1.0
+
+
 def test_bad_reference_raises_one_line_value_error():
     for bad in [None, "", "   ", ["18"], True]:
         with pytest.raises(ValueError, match="reference") as e:
@@ -451,6 +546,9 @@ ADVERSARIAL = {
     "many ####": "####" * 50_000,
     "many boxes": r"\boxed{}" * 30_000,
     "slow simplification": r"\boxed{(x+y+z)^{40}}",
+    "a long arithmetic chain": "The answer is " + "1 + " * 50_000 + "1",
+    "many hedges": "The answer is 5" + " or 6" * 30_000,
+    "a slow hedge": r"\boxed{(x+y+z)^{40}} or \boxed{(x+y+z+1)^{40}}",
 }
 
 
