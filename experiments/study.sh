@@ -22,6 +22,7 @@ SIX=grpo,d3s,d2s,d1s-cross,entropy,pods
 # momentum 0.9 (train.py); no clip: D3S's larger gradient norm reaches the weights
 SGD="--optimizer sgd --grad_clip 0"
 WEAK="--model tiny-weak --steps 60 $C"  # the world where most groups start all wrong (tiny.py)
+FORK="--model tiny-fork --steps 60 $C"  # the world with a real model's share of forks
 BENCH="python experiments/bench.py"
 
 case "${1:-}" in
@@ -123,6 +124,22 @@ controls)
   $BENCH --methods grpo,d3s --loss gspo --lr 5e-5 --seeds 8 --steps 60 $C \
       --out out/study/gspo-tiny
   # every pair against the same seeds' runs: python experiments/paired.py A/results.json B/...
+  ;;
+fork-tune)
+  # tiny-fork (a fifth of the tokens forks, as in a real model): GRPO's and D3S's lr at K = 4 on
+  # seeds 100-101, the random twin at D3S's
+  $BENCH $FORK --methods grpo,d3s --lr_grid 2.5e-5,5e-5,1e-4,2e-4 --seeds 2 --seed_start 100 \
+      --out out/study/tune-fork
+  python -c 'import json
+t = json.load(open("out/study/tune-fork/tuned.json"))
+for k in ("lr", "updates_per_batch"):
+    t[k]["d3s-random"] = t[k]["d3s"]
+json.dump(t, open("out/study/fork-settings.json", "w"))'
+  ;;
+fork)
+  # D3S against GRPO per step and in GRPO's seconds, and against its random twin: seeds 0-7
+  $BENCH $FORK --methods grpo,d3s,d3s-random --tuned out/study/fork-settings.json --seeds 8 \
+      --budget seconds --out out/study/fork
   ;;
 -h|--help)
   echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork"
