@@ -21,9 +21,10 @@ requires_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is a
 
 @pytest.fixture(scope="session")
 def tiny_dir():
-    """The tiny world's warmed-up model as an HF folder: out/tiny, the folder `python train.py` builds and
-    uses, so it is built once (about 100 s on 2 cores) for the tests and the runs alike. tiny.pretrained rebuilds
-    it when it is missing, incomplete or from another version of tiny.py. Tests read it, never write it."""
+    """The tiny world's warmed-up model as an HF folder: out/tiny, the folder `python train.py`
+    builds and uses, so it is built once (about 100 s on 2 cores) for the tests and the runs alike.
+    tiny.pretrained rebuilds it when it is missing, incomplete or from another version of tiny.py.
+    Tests read it, never write it."""
     from machinery import tiny
     (ROOT / "out").mkdir(exist_ok=True)
     with open(ROOT / "out" / "tiny.lock", "w") as lock:  # pytest's two processes (-n 2) build it once, in turn
