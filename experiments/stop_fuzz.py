@@ -4,13 +4,13 @@ Stop real `python train.py` processes at random moments and check that nothing i
     python experiments/stop_fuzz.py              # 10 runs, a few minutes on a CPU
     python experiments/stop_fuzz.py --runs 20 --seed 1
 
-One uninterrupted tiny-world run first (an evaluation every 2 steps, a checkpoint every step, K = 2).
-Then each fuzzed run is started and, once it has printed its first line, hit after a random delay
-by SIGINT or SIGTERM, in a third of the cases doubled within 50 ms; it is resumed (or started again,
-where no checkpoint exists yet) and hit again, until it finishes. Every exit must be 0, or the first
-signal's 130 / 143. At the end each run must have logged every step once, with the rewards of the
-uninterrupted run, the same held-out evaluations and bit for bit the same final weights (a CPU in
-float32). One summary line; exit code 1 when any run differs.
+One uninterrupted tiny-world run first (an evaluation every 2 steps, a checkpoint every step,
+K = 2). Then each fuzzed run is started and, once it has printed its first line, hit after a random
+delay by SIGINT or SIGTERM, in a third of the cases doubled within 50 ms; it is resumed (or started
+again, where no checkpoint exists yet) and hit again, until it finishes. Every exit must be 0, or
+the first signal's 130 / 143. At the end each run must have logged every step once, with the
+rewards of the uninterrupted run, the same held-out evaluations and bit for bit the same final
+weights (a CPU in float32). One summary line; exit code 1 when any run differs.
 """
 import argparse
 import json
