@@ -4,6 +4,7 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
     checkpoint.check_fresh(run_dir, overwrite)         # refuses a folder that holds another run
     checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
+    held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
 trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
