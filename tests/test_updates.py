@@ -2,7 +2,7 @@
 GSPO's sequence ratio, micro-batches cut to their own span, and the entropy recorded while sampling.
 Each test compares against a hand-written reference: the plain full-width computation."""
 import os
-import signal
+from signal import SIGINT
 
 import pytest
 import torch
@@ -333,7 +333,7 @@ def test_k2_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
 
     def interrupt_after_step_0(line):
         if line.startswith("step    0 "):
-            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the run stops at the step's end
+            os.kill(os.getpid(), SIGINT)  # a real Ctrl-C: the run stops at the step's end
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw), log=interrupt_after_step_0)
     train.train(train.Config(resume=str(tmp_path / "cut")), log=lambda *a: None)
@@ -358,7 +358,7 @@ def test_minibatch_size_and_random_controls_replay_exactly(tmp_path, tiny_dir):
 
     def interrupt_after_step_0(line):
         if line.startswith("step    0 "):
-            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the run stops at the step's end
+            os.kill(os.getpid(), SIGINT)  # a real Ctrl-C: the run stops at the step's end
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw),
                     log=interrupt_after_step_0)
