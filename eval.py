@@ -95,11 +95,12 @@ def pass_ks(n):
 
 
 def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64,
-             top_p=1.0, progress=False, desc="eval", seed=None):
+             top_p=1.0, progress=False, desc="eval", seed=None, stop=None):
     """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py),
     grade them.
 
-    batch_size: completions per `generate` call (halved on CUDA out-of-memory).
+    batch_size: completions per `generate` call (halved on CUDA out-of-memory). stop: a stopping
+    criterion that ends generation early (train.py's, on a signal: it then discards the result).
     seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed
     gives the same samples whatever batch_size, an out-of-memory halving or other random draws (bit
     for bit on a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape,
@@ -148,7 +149,7 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
             # each sample's random numbers are the same whatever the batch: first_row = done * n
             rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n,
                                           max_new_tokens, temperature, top_p, batch_size,
-                                          seed if own_sampler else None, done * n)
+                                          seed if own_sampler else None, done * n, stop)
             if rollouts is None:  # out of memory: retry this chunk with half the batch
                 batch_size //= 2
                 tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}",
@@ -173,13 +174,13 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
 
 
 def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size,
-                       seed, first_row):
+                       seed, first_row, stop=None):
     """generate_groups, or None after a CUDA out-of-memory error when the batch can still be
     halved."""
     try:
         return generate_groups(model, tokenizer, prompts, n, max_new_tokens,
                                temperature=temperature, top_p=top_p, batch_size=batch_size,
-                               seed=seed, first_row=first_row)
+                               seed=seed, first_row=first_row, stop=stop)
     except torch.OutOfMemoryError:
         if batch_size == 1:
             raise

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 # CACHES and NonFiniteLogits too: machinery/config.py and train.py import them from here
 from machinery.sampling import (CACHES, NonFiniteLogits, Sampler, check_generate_args,  # noqa: F401
@@ -141,7 +141,7 @@ def completion_mask(completion_ids, stop_ids):
 
 def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0,
                     top_p=1.0, batch_size=None, record_entropy=False, cache="prefix", seed=None,
-                    first_row=0):
+                    first_row=0, stop=None):
     """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
 
     temperature 0 is greedy decoding (evaluation). temperature > 0 with top_p 1 samples from exactly
@@ -151,6 +151,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
     guarantees). first_row: this call's first row in a larger batch that the caller splits over
     calls (eval.py), so that the split changes no sample. batch_size: rows per `generate` call
     (None = all). record_entropy: Rollouts.entropy holds the sampler's entropy at every position.
+    stop: a stopping criterion that ends every row early (machinery/stops.py: a signal came).
     cache, the same samples every way (under autocast, the keys and values in its dtype):
       prefix  [ours] each prompt's KV cache computed once and copied to its G rows, instead of G
               identical prefills (the default: measured faster, experiments/speed.md)
@@ -189,6 +190,7 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
                 extra["cache"] = prefill(model, ids[::group_size], am[::group_size], group_size)
             out = model.generate(input_ids=ids, attention_mask=am, generation_config=config,
                                  logits_processor=LogitsProcessorList([sampler] if sampler else []),
+                                 stopping_criteria=StoppingCriteriaList([stop] if stop else []),
                                  **extra)  # (b, P + t), t <= max_new_tokens: less if all stop
             if sampler is not None:
                 sampler.check_finite()  # NaN or inf logits are an error, not samples

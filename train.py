@@ -108,7 +108,7 @@ def train(cfg, log=print, given=None):
 
         for step in range(run.start, cfg.steps + 1):
             if run.eval_due(step):  # step 0, every eval_every steps, the end
-                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx))
+                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx, run.stop))
             if run.save_due(step):  # every save_every steps, the end
                 run.save(step)
             if step == cfg.steps:
@@ -122,11 +122,11 @@ def train(cfg, log=print, given=None):
             # 1. rollout: G samples per prompt, group by group (and the sampler's entropy)
             batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
             prompts = [format_prompt(tokenizer, r["prompt"]) for r in batch]
-            with ctx():
-                rollouts = generate_groups(model, tokenizer, prompts, G, cfg.max_new_tokens,
-                                           cfg.temperature, seed=seed, cache=cfg.generation,
-                                           batch_size=cfg.gen_batch_size or None,
-                                           record_entropy=True)
+            with ctx():  # run.fit: out of memory halves the batch; a signal stops the step here
+                rollouts = run.fit(generate_groups, model, tokenizer, prompts, G,
+                                   cfg.max_new_tokens, cfg.temperature, seed=seed,
+                                   cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
+                                   record_entropy=True, stop=run.stop)
             t_gen, t0 = time.time() - t0, time.time()
 
             # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
@@ -147,8 +147,8 @@ def train(cfg, log=print, given=None):
                 minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
                 with fb:
-                    old_logp, entropy = entropy_and_old_logp(model, kept, minibatches, cfg, ctx,
-                                                             method["token"])
+                    old_logp, entropy = run.fit(entropy_and_old_logp, model, kept, minibatches,
+                                                cfg, ctx, method["token"])
 
                 # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
                 token_mask = valid
@@ -160,10 +160,10 @@ def train(cfg, log=print, given=None):
                 # the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
                 for i, mb in enumerate(minibatches):
                     with fb:
-                        u = backward(model, kept, mb, adv_kept, token_mask, old_logp if i else None,
-                                     cfg, ctx, ref_model)
+                        u = run.fit(backward, model, kept, mb, adv_kept, token_mask,
+                                    old_logp if i else None, cfg, ctx, ref_model)
                     if u is not None:  # None: nothing to learn in this mini-batch, no update
-                        run.hold_signals()  # the weights move: a signal waits for the step's end
+                        # once a weight moves, a signal waits for the step's end (run.end_step)
                         u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"]))
                         updates.append(u)
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
@@ -290,18 +290,21 @@ def optimizer_step(model, optimizer, grad_clip, loss):
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                           grad_clip if grad_clip > 0 else math.inf).item()
     nonfinite, zero = not (math.isfinite(loss) and math.isfinite(norm)), norm == 0.0
-    if not (nonfinite or zero):
+    if nonfinite:  # the step line counts these too
+        print(f"warning: a non-finite loss ({loss}) or gradient; this update is not applied")
+    elif not zero:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"grad_norm": norm, "applied": not (nonfinite or zero), "nonfinite": int(nonfinite),
             "zero_grad": int(zero)}  # the step line counts the updates not applied, and says why
 
 
-def held_out(model, tokenizer, eval_set, cfg, ctx):
+def held_out(model, tokenizer, eval_set, cfg, ctx, stop=None):
     """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's)."""
     with ctx():
         out = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0,
-                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size or 256)
+                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size or 256,
+                       stop=stop)
     return out["accuracy"]
 
 

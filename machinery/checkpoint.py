@@ -4,6 +4,7 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
     checkpoint.check_fresh(run_dir, overwrite)         # refuses a folder that holds another run
     checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
+    held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
 trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
@@ -23,6 +24,12 @@ import shutil
 
 import torch
 
+try:
+    import fcntl  # POSIX
+except ImportError:
+    fcntl = None
+
+LOCK = "run.lock"
 VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step seeds, had one)
 # Knobs that may change when a run is resumed: none of them changes what the run computes (the last
 # five only how it fits in memory, beyond float rounding: what an out-of-memory stop asks to lower).
@@ -182,11 +189,13 @@ def resume(cfg, given):
     return type(cfg)(**saved), known, {**state, "changed": changed}
 
 
-def record_resume(run_dir, step, changed):
-    """A resume's accepted changes, appended to RUN/resumes.jsonl."""
+def record_resume(run_dir, step, changed, why=None):
+    """A resume's accepted changes, or those a run made itself (why: "out of memory"), appended to
+    RUN/resumes.jsonl."""
     if changed:
         with open(os.path.join(run_dir, "resumes.jsonl"), "a") as f:
-            f.write(json.dumps({"step": step, "changed": changed}) + "\n")
+            f.write(json.dumps({"step": step, "changed": changed, **({"why": why} if why else {})})
+                    + "\n")
 
 
 def trim_log(run_dir, step):
@@ -209,3 +218,90 @@ def trim_log(run_dir, step):
         with open(path + ".tmp", "w") as f:
             f.writelines(keep)
         os.replace(path + ".tmp", path)
+
+
+# -----------------------------------------------------------------------------
+# the folder's lock: one run per folder
+
+
+def lock(run_dir):
+    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it. An
+    flock is dropped by the kernel when its process dies, so a lock file left by a killed run is
+    taken over. Where flock is missing (no fcntl) or refused by the filesystem (ENOLCK, or
+    EOPNOTSUPP on some NFS, CIFS and FUSE mounts): the file holds the pid, stale once it is gone."""
+    path = os.path.join(run_dir, LOCK)
+    while fcntl is not None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a folder this user may not write into
+            raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another open file holds it: a live process
+            os.close(fd)
+            raise ValueError(_in_use(run_dir, path)) from None
+        except OSError:  # this filesystem has no flock: the pid file below
+            os.close(fd)
+            break
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return fd, path  # ours, and still the file at that path
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the run that held it removed it as we took it: take the new one
+    part = f"{path}.{os.getpid()}"  # the pid, written before the file appears under its name
+    try:
+        with open(part, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        while True:
+            try:
+                os.link(part, path)  # atomic: fails when the file exists
+                return os.open(path, os.O_RDONLY), path
+            except FileExistsError:
+                holder = _holder(path)
+                if holder is not None and _alive(holder):
+                    raise ValueError(_in_use(run_dir, path)) from None
+            try:
+                os.remove(path)  # a dead process's lock, or an empty file
+            except FileNotFoundError:
+                pass
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
+
+
+def _in_use(run_dir, path):
+    return (f"{run_dir} is in use by a train.py that is still running "
+            f"(pid {_holder(path) or '?'}); wait for it to stop, or pass another --out_dir")
+
+
+def unlock(held):
+    """Release what lock() took: the file goes first, then the flock with its descriptor."""
+    fd, path = held
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+
+
+def _holder(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

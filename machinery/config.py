@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import sys
+import threading
 
 from machinery import checkpoint
 import d3s
@@ -240,4 +241,16 @@ def main(config_class, train, argv=None, description=""):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1 if isinstance(e, Stop) else 2)
     except KeyboardInterrupt as e:
-        sys.exit(128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT))
+        code = 128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT)
+        quitting(argv)
+        sys.exit(code)
+    quitting(argv)
+
+
+def quitting(argv):
+    """The run is over, its handlers gone: a signal while the process shuts down (torch's teardown
+    takes a moment) changes neither its exit code nor what is saved. (argv given: a caller in this
+    process, whose handlers stay as they are.)"""
+    if argv is None and threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)

@@ -7,27 +7,25 @@ A run's folder, and every way a run can stop: what train.py's loop does that is 
         for step in range(run.start, cfg.steps + 1):
             if run.eval_due(step): run.evaluated(step, accuracy)      # the eval line, curves.png
             if run.save_due(step): run.save(step)                     # RUN/checkpoint
-            ... the step; run.hold_signals() before its first update ...
+            ... the step, its passes through run.fit(fn, ...) ...
             run.end_step(row, selection)      # log.jsonl, the step line, the selection page
         return run.finish()                   # the last line
 
-One run per folder: RUN/run.lock is held for the run's life, so a second train.py into a folder in
-use is refused at once, and a lock left by a killed run (the kernel drops an flock with its process)
-is taken over. On leaving the `with`, whatever stopped the run (docs/checkpoints.md has the table):
-  - Ctrl-C or SIGTERM: a checkpoint of the steps fully applied, then exit 130 or 143. From a step's
-    first update to its log line a signal waits for the step's end, so a checkpoint never holds half
-    a step; a second signal then quits without saving. A signal during a save waits for the save.
-  - out of memory: when no weight of the step had moved, a checkpoint of the steps before it; one
-    line names the knobs that lower memory and the resume command (exit 1).
+One run per folder: RUN/run.lock is held for the run's life (checkpoint.lock). Nothing is written
+into the folder before everything that can refuse (the values, the device, the data, the model,
+wandb) has said yes, in begin(); a refused start leaves the folder as it found it. How a run stops
+(docs/checkpoints.md has the table):
+  - Ctrl-C or SIGTERM sets a flag (machinery/stops.py) that the run reads at points it owns: a step
+    whose weights have not moved is abandoned, one whose weights moved is finished; then a
+    checkpoint of the steps applied, the command to continue, and exit 130 or 143.
+  - out of memory in a pass is retried in place by run.fit, with half the batch; it stops the run
+    (with a checkpoint when no weight of the step had moved) only when a batch of 1 does not fit.
   - NaN or inf logits: no checkpoint (these weights are what went wrong); one line names the step.
-  - a refused start (a bad --dataset, say): a folder this run created is removed again.
 """
 import dataclasses
 import json
 import os
-import signal
 import sys
-import threading
 import traceback
 
 import torch
@@ -38,13 +36,12 @@ from machinery import checkpoint, config, plots, tiny
 from machinery.data import describe
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
 from machinery.sampling import NonFiniteLogits
+from machinery.stops import Stop
+from rollout import Piece
 
-try:
-    import fcntl  # POSIX
-except ImportError:
-    fcntl = None
 
-LOCK = "run.lock"
+class Stopped(Exception):
+    """Raised by the run itself, at a point it owns, when a signal asked it to stop."""
 
 
 class Run:
@@ -55,7 +52,8 @@ class Run:
         self.cfg, self.given, self.log = cfg, given, log
         self.state, self.lock, self.created, self.model, self.bar, self.wandb = \
             None, None, False, None, None, None
-        self.signals, self.moving, self.redone, self.stopping = Signals(), False, False, False
+        # a signal's flag; has a weight of this step moved (an optimizer's step hook says)
+        self.stop, self.moving, self.redone = Stop(), False, False
         # the step and the evaluations of the last checkpoint
         self.saved, self.saved_history = None, None
 
@@ -74,12 +72,12 @@ class Run:
         locked."""
         cfg = self.cfg
         given = config.given_knobs(cfg) if self.given is None else set(self.given)
-        self.signals.install()
+        self.stop.install()
         if cfg.resume:  # locked before anything reads it: a live run may be saving into it
             if not os.path.isdir(cfg.resume):
                 raise ValueError(f"--resume {cfg.resume}: no such folder; pass the run folder of "
                                  f"an earlier train.py run")
-            self.lock = lock(cfg.resume)
+            self.lock = checkpoint.lock(cfg.resume)
             cfg, given, self.state = checkpoint.resume(cfg, given)
         cfg = self.cfg = config.resolve(cfg, given)  # each knob's value for this run, checked
         run_dir = cfg.out_dir
@@ -90,14 +88,12 @@ class Run:
             except OSError as e:
                 raise ValueError(f"cannot make the run folder {run_dir}: {e.strerror}; pass "
                                  f"another --out_dir") from None
-            self.lock = lock(run_dir)
+            self.lock = checkpoint.lock(run_dir)
             checkpoint.check_fresh(run_dir, cfg.overwrite)  # a folder with another run is refused
             # a tiny world (by name or folder), else None: a real model
             self.world = tiny.world_of(cfg.model)
             self.weights, self.start, self.history, self.tokens_trained = cfg.model, 0, [], 0
-        else:  # the changes are accepted now: record them, and cut a crashed run's log back
-            checkpoint.record_resume(run_dir, self.state["step"], self.state["changed"])
-            checkpoint.trim_log(run_dir, self.state["step"])
+        else:
             self.weights = os.path.join(run_dir, "checkpoint")
             # the run's own world
             self.world = tiny.world_of(self.weights) or tiny.world_of(cfg.model)
@@ -105,24 +101,30 @@ class Run:
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
             self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
+        self.stop.resume = f"; continue with: python train.py --resume {run_dir}"
         self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                        else cfg.device)
 
     def begin(self, model, tokenizer, optimizer, train_set, eval_set):
-        """The model is loaded: the folder gets this run's config.json, and the run says what it
-        is."""
+        """The values, the device, the data and the model are accepted, and now wandb: only then is
+        the folder written (a fresh run's emptied of the run it replaces; a resume's changes
+        recorded and a crashed run's log cut back; config.json), and the run says what it is."""
         cfg, state = self.cfg, self.state
-        self.model, self.tokenizer, self.optimizer, self.eval_size = \
-            model, tokenizer, optimizer, len(eval_set)
+        self._check()  # a signal while loading: nothing is written
         if state is not None:
             optimizer.load_state_dict(state["optimizer"])
+        self.wandb = start_wandb(cfg)  # the last that may refuse
+        self.model, self.tokenizer, self.optimizer, self.eval_size = \
+            model, tokenizer, optimizer, len(eval_set)
+        if state is None:
+            checkpoint.fresh(cfg.out_dir, cfg.overwrite)
         else:
-            checkpoint.fresh(cfg.out_dir, cfg.overwrite)  # emptied of the run it replaces, if any
-        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(cfg), f, indent=2)
+            checkpoint.record_resume(cfg.out_dir, state["step"], state["changed"])
+            checkpoint.trim_log(cfg.out_dir, state["step"])
+        self._write_config()
+        optimizer.register_step_post_hook(lambda *a: setattr(self, "moving", True))
         for line in first_lines(cfg, self.world, self.device, state, len(train_set), len(eval_set)):
             self.log(line)
-        self.wandb = start_wandb(cfg)
         self.bar = tqdm(total=cfg.steps, initial=self.start, disable=not sys.stderr.isatty(),
                         dynamic_ncols=True)
         self.say = tqdm.write if not self.bar.disable else self.log  # the bar on a terminal only
@@ -135,7 +137,9 @@ class Run:
                 and step not in [h["step"] for h in self.history])
 
     def evaluated(self, step, accuracy):
-        """Record a held-out accuracy: the eval line, curves.png (from the first step on), wandb."""
+        """Record a held-out accuracy: the eval line, curves.png (from the first step on), wandb.
+        After a signal it is not recorded (a signal cuts the generation short) and the run stops."""
+        self._check()
         self.history.append({"step": step, "tokens": self.tokens_trained, "accuracy": accuracy})
         self.redone = step == self.start > 0  # a resumed run redid a missing evaluation: save it
         self.say(f"eval step {step} | held-out accuracy {accuracy:.3f} ({self.eval_size} held-out "
@@ -152,19 +156,59 @@ class Run:
             (step == self.start and self.redone)
 
     def save(self, step):
-        """RUN/checkpoint after `step` steps (checkpoint.save). A signal meanwhile waits for the
-        save."""
-        self.signals.saving = True
+        """RUN/checkpoint after `step` steps (checkpoint.save)."""
         self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer, self.optimizer,
                                      step, self.history, self.tokens_trained, self.world)
         self.saved_history = len(self.history)
-        self.signals.saving = False
-        if not (self.signals.hold or self.stopping):
-            self.signals.release()  # a signal that came during the save stops the run now
 
-    def hold_signals(self):
-        """The step's weights move: a signal waits for the step's end (end_step)."""
-        self.signals.hold = self.moving = True
+    def fit(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the memory there is: out of memory halves the generation batch (a
+        call with a batch_size keyword: --gen_batch_size) or the micro-batches among the arguments
+        (--micro_batch_size), gradients zeroed, and calls again; one line says so, and config.json
+        and resumes.jsonl record it, so a resume keeps it. Neither changes what is computed (beyond
+        float rounding): the sampler draws the same samples at any batch size, and no weight moves
+        within a pass. Before and after, a signal stops a step whose weights have not moved."""
+        self._check()
+        while True:
+            try:
+                out = fn(*args, **kwargs)
+                break
+            except torch.OutOfMemoryError:
+                pass  # out of the except first: its traceback holds the failed call's tensors
+            self.model.zero_grad(set_to_none=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            cfg, gen = self.cfg, "batch_size" in kwargs
+            parts = [] if gen else [p for a in args if isinstance(a, list) for p in
+                                    (a if a and isinstance(a[0], list) else [a])]  # by update
+            size = ((kwargs["batch_size"] or cfg.prompts_per_step * cfg.group_size) if gen else
+                    max((len(p.rows) for mb in parts for p in mb), default=1))
+            if size <= 1:  # the stop's line (__exit__)
+                raise torch.OutOfMemoryError("out of memory with a batch of 1")
+            knob = "gen_batch_size" if gen else "micro_batch_size"
+            self.say(f"out of memory: --{knob} {getattr(cfg, knob)} -> {size // 2}, "
+                     f"the pass redone (nothing computed changes)")
+            checkpoint.record_resume(cfg.out_dir, self.completed,
+                                     {knob: [getattr(cfg, knob), size // 2]}, "out of memory")
+            setattr(cfg, knob, size // 2)
+            self._write_config()
+            if gen:
+                kwargs["batch_size"] = size // 2
+            for mb in parts:  # in place: the caller's lists are the ones that go on
+                mb[:] = [Piece(p.rows[i:i + size // 2], p.input_ids[i:i + size // 2],
+                               p.attention_mask[i:i + size // 2], p.start, p.width)
+                         for p in mb for i in range(0, len(p.rows), size // 2)]
+        self._check()
+        return out
+
+    def _check(self):
+        """After a signal, a step whose weights have not moved (or no step) stops here."""
+        if self.stop.first is not None and not self.moving:
+            raise Stopped
+
+    def _write_config(self):
+        with open(os.path.join(self.cfg.out_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(self.cfg), f, indent=2)
 
     def end_step(self, row, selection):
         """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an
@@ -180,7 +224,7 @@ class Run:
         # the page of what this step kept
         if due(self.completed, self.cfg.eval_every, self.cfg.steps):
             plots.write_selection(self.cfg.out_dir, self.selection_record(row, *selection))
-        self.signals.release()  # a signal that came during the step stops the run now
+        self._check()  # a signal that came during the step stops the run now
 
     def selection_record(self, row, rollouts, batch, rewards, adv, idx, token_mask, scores):
         """plots.selection_record of a step: its groups, what each level kept, why a skipped step
@@ -207,7 +251,7 @@ class Run:
 
     def __exit__(self, kind, error, tb):
         try:
-            if kind is not None and issubclass(kind, KeyboardInterrupt):
+            if kind is not None and issubclass(kind, Stopped):
                 self._interrupted()
             # no checkpoint: these weights went wrong
             if kind is not None and issubclass(kind, NonFiniteLogits):
@@ -224,18 +268,13 @@ class Run:
         return False
 
     def _interrupted(self):
-        """Ctrl-C or SIGTERM: save the steps fully applied, say how to go on, exit with the signal's
-        code."""
-        code = self.signals.first or signal.SIGINT
+        """A signal stopped the run at a safe point: save the steps applied, say how to go on, and
+        leave with the signal's code (config.main exits with 128 + it)."""
+        code = self.stop.first
         if self.model is None:
             self.log(f"\ninterrupted before step {self.start}: nothing new to save")
             raise KeyboardInterrupt(code) from None
-        # a second signal while the step's weights were moving: this state is half a step
-        if self.moving:
-            self.log(f"\nquit without saving; continue from the last checkpoint: "
-                     f"python train.py --resume {self.cfg.out_dir}")
-            raise KeyboardInterrupt(code) from None
-        self.stopping = True  # a signal during this save waits for it
+        self.optimizer.zero_grad(set_to_none=True)  # an abandoned step's gradients
         if (self.saved, self.saved_history) != (self.completed, len(self.history)):
             self.save(self.completed)
         done = (f"checkpoint saved after step {self.completed - 1} "
@@ -244,26 +283,28 @@ class Run:
                 "(it resumes at step 0)")
         self.log(f"\ninterrupted: {done}; continue with: "
                  f"python train.py --resume {self.cfg.out_dir}")
-        raise KeyboardInterrupt(code) from None  # config.main exits with 128 + code
+        raise KeyboardInterrupt(code) from None
 
     def _out_of_memory(self):
         """The out-of-memory line, after saving what can be saved: the steps applied, when no weight
         of the step in progress had moved yet (half a step is never saved)."""
         if self.model is not None and not self.moving:
             self.optimizer.zero_grad(set_to_none=True)
-            self.stopping = True
             self.save(self.completed)
         return out_of_memory(self.cfg, self.completed, self.saved)
 
     def _close(self):
         if self.bar is not None:
             self.bar.close()
-        self.signals.restore()
+        self.stop.restore()
         if self.lock is not None:
-            unlock(self.lock)
+            checkpoint.unlock(self.lock)
             self.lock = None
-            if self.created and not os.listdir(self.cfg.out_dir):  # a refused start leaves nothing
-                os.rmdir(self.cfg.out_dir)
+        if self.created and self.model is None:  # a refused start leaves nothing
+            try:
+                os.rmdir(self.cfg.out_dir)  # only when empty: another run may have come meanwhile
+            except OSError:
+                pass
 
 
 def due(step, every, steps, first=True):
@@ -296,128 +337,16 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
 
 
 def out_of_memory(cfg, step, saved):
-    """The line an out-of-memory stop prints: where the run continues from, and with which of the
-    knobs that change memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's
-    step, or None."""
+    """The line an out-of-memory stop prints (run.fit retries a pass with half the batch until a
+    batch of 1 does not fit): where the run continues from, and with which of the knobs that change
+    memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
     gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
-    lower = (f"--micro_batch_size {max(1, cfg.micro_batch_size // 2)} "
-             f"(or --gen_batch_size {max(1, gen // 2)}, "
-             f"--logprob_chunk {max(1, cfg.logprob_chunk // 2)}, --gradient_checkpointing true; "
-             f"experiments/speed.md has settings by GPU memory)")
+    knobs = (("micro_batch_size", cfg.micro_batch_size), ("gen_batch_size", gen),
+             ("logprob_chunk", cfg.logprob_chunk))
+    lower = (" ".join(f"--{k} {v // 2}" for k, v in knobs if v > 1) + " --gradient_checkpointing "
+             "true (experiments/speed.md has settings by GPU memory)").lstrip()
     if saved is None:
         return (f"out of memory at step {step}, before any checkpoint; "
                 f"start again with less memory per pass: {lower}")
     return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; "
             f"continue with less memory per pass: python train.py --resume {cfg.out_dir} {lower}")
-
-
-# -----------------------------------------------------------------------------
-# signals
-
-
-class Signals:
-    """Ctrl-C (SIGINT) and SIGTERM (what a job scheduler, a container runtime or `kill` sends) both
-    end the run with a checkpoint. While `hold` is set (from a step's first update to its log line)
-    they wait, so that a checkpoint always falls on a step boundary; a second one then quits at
-    once, without saving. While `saving`, every signal waits for the checkpoint being written. The
-    exit code is the first signal's. Installed only in the main thread (Python's rule for
-    signals)."""
-
-    def __init__(self):
-        self.first, self.hold, self.saving, self.old = None, False, False, {}
-
-    def install(self):
-        if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore(self):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-        self.old = {}
-
-    def handler(self, signum, frame):
-        again, self.first = self.first is not None, self.first or signum
-        if self.saving:
-            return  # the checkpoint being written finishes first
-        if self.hold and not again:
-            tqdm.write("stopping after this step's updates (signal again to quit without saving)")
-            return
-        raise KeyboardInterrupt
-
-    def release(self):
-        """The end of a step or of a save: a signal that came meanwhile stops the run now."""
-        self.hold = False
-        if self.first is not None:
-            raise KeyboardInterrupt
-
-
-# -----------------------------------------------------------------------------
-# the folder's lock
-
-
-def lock(run_dir):
-    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it. An
-    flock is dropped by the kernel when its process dies, so a lock file left by a killed run is
-    taken over. (Without fcntl: a file created with O_EXCL holding the pid, stale once that pid is
-    gone.)"""
-    path = os.path.join(run_dir, LOCK)
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | (0 if fcntl else os.O_EXCL), 0o644)
-        except FileExistsError:  # without fcntl only
-            if _alive(_holder(path)):
-                raise ValueError(_in_use(run_dir, path)) from None
-            os.remove(path)  # a dead process's lock
-            continue
-        except OSError as e:  # a folder this user may not write into
-            raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
-        try:
-            if fcntl:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ValueError(_in_use(run_dir, path)) from None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                break  # ours, and still the file at that path
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the run that held it removed it as we took it: take the new one
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd, path
-
-
-def _in_use(run_dir, path):
-    return (f"{run_dir} is in use by a train.py that is still running "
-            f"(pid {_holder(path) or '?'}); wait for it to stop, or pass another --out_dir")
-
-
-def unlock(held):
-    """Release what lock() took: the file goes first, then the flock with its descriptor."""
-    fd, path = held
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    os.close(fd)
-
-
-def _holder(path):
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _alive(pid):
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -287,7 +287,7 @@ def encode_left_padded(tokenizer, prompts, pad_id):
 
 
 def check_generate_args(model, tokenizer, prompts, group_size, max_new_tokens, temperature, top_p,
-                        batch_size, record_entropy, cache, seed, first_row):
+                        batch_size, record_entropy, cache, seed, first_row, stop=None):
     """Raise ValueError on an argument of rollout.generate_groups that it cannot honour."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError(f"prompts={prompts!r} must be a non-empty list of strings")

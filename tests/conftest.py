@@ -62,7 +62,8 @@ def weights(folder):
 
 
 def exit_2(argv, capsys):
-    """`python train.py ARGV` in-process must exit with 2 and one line on stderr; returns that line."""
+    """`python train.py ARGV` in-process must exit with 2 and one line on stderr; returns that
+    line."""
     from machinery import config
     import train
     with pytest.raises(SystemExit) as e:
@@ -75,7 +76,8 @@ def exit_2(argv, capsys):
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Tiny models: a second thread only adds synchronisation, which is slow on a shared 2-core box."""
+    """Tiny models: a second thread only adds synchronisation, which is slow on a shared 2-core
+    box."""
     import torch
     n = torch.get_num_threads()
     torch.set_num_threads(1)

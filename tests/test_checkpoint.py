@@ -2,6 +2,8 @@
 at a step's start, inside a batch's updates, during an evaluation; a hard crash after a periodic save;
 a crash or power cut during the save) is forced, the run is resumed, and it is compared with the
 uninterrupted run row by row (rewards, counts, losses, evaluations) and in the final weights."""
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -12,8 +14,7 @@ import sys
 import pytest
 import torch
 
-from machinery import checkpoint
-from machinery import config
+from machinery import checkpoint, config, plots
 import train
 from conftest import ROOT, exit_2, rows, weights
 from machinery.model import load_model
@@ -112,8 +113,22 @@ def test_a_signal_during_the_final_evaluation_is_recorded_on_resume(tmp_path, ti
     assert not any(line.startswith("eval step") for line in lines)  # recorded: not evaluated again
 
 
-def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch):
-    """A second SIGTERM while the first waits for the batch quits without saving, with SIGTERM's 143."""
+def exit_now(code):
+    raise SystemExit(code)
+
+
+@pytest.fixture
+def quit_now(monkeypatch):
+    """A second signal quits with os._exit, which would end pytest too: here it raises
+    SystemExit(code) from the handler instead, which nothing in the run catches. Returns how to
+    do it again after a monkeypatch.undo()."""
+    monkeypatch.setattr(os, "_exit", exit_now)
+    return lambda mp: mp.setattr(os, "_exit", exit_now)
+
+
+def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, quit_now):
+    """A second SIGTERM while the first waits for the step's updates quits at once, without saving,
+    with SIGTERM's 143."""
     real = train.optimizer_step
 
     def twice(*a, **k):
@@ -121,47 +136,70 @@ def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*a, **k)
     monkeypatch.setattr(train, "optimizer_step", twice)
-    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run"), "--steps", "2", "--prompts_per_step", "4",
-            "--group_size", "4", "--eval_size", "2", "--updates_per_batch", "2"]
+    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run"), "--steps", "2",
+            "--prompts_per_step", "4", "--group_size", "4", "--eval_size", "2",
+            "--updates_per_batch", "2"]
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
     assert e.value.code == 143 and not (tmp_path / "run" / "checkpoint").exists()
 
 
-def test_out_of_memory_saves_what_it_can_and_resumes_with_less_memory(tmp_path, tiny_dir, monkeypatch, capsys,
-                                                                       uninterrupted):
-    """An out-of-memory stop before any weight of its batch moved saves the steps applied and names the
-    knobs to lower and the resume command; the resume takes a smaller micro-batch, records the change, and
-    computes the same run (micro-batches change only the float rounding)."""
-    real, calls = train.backward, []
+def small_memory(monkeypatch, rows_that_fit):
+    """train.py's model raises CUDA's out-of-memory error, from a hook on its decoder, on any
+    forward of more than `rows_that_fit` rows: generation, the no-grad pass, the update alike."""
+    real = train.load_model
 
-    def oom_at_step_1(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:  # step 1's first mini-batch (step 0 had two)
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(*a, **k)
-    monkeypatch.setattr(train, "backward", oom_at_step_1)
+    def load(*a, **k):
+        model, tokenizer = real(*a, **k)
+
+        def check(module, args, kwargs):
+            if kwargs["input_ids"].shape[0] > rows_that_fit:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        model.get_decoder().register_forward_pre_hook(check, with_kwargs=True)
+        return model, tokenizer
+    monkeypatch.setattr(train, "load_model", load)
+
+
+def test_out_of_memory_is_retried_in_place_with_half_the_batch(tmp_path, tiny_dir, monkeypatch,
+                                                                capsys):
+    """Out of memory halves the generation batch or the micro-batches and redoes that pass, says so
+    and records it: the run ends with the same rewards and evaluations and, up to float rounding,
+    the same weights as a run started with the smaller setting."""
+    small_memory(monkeypatch, 4)
+    run_dir = tmp_path / "oom"
+    argv = ["--model", tiny_dir, "--out_dir", str(run_dir)] + [f"--{k}={v}" for k, v in KW.items()]
+    config.main(train.Config, train.train, argv)
+    out = capsys.readouterr().out
+    assert "out of memory: --gen_batch_size 0 -> 8, the pass redone" in out
+    assert "out of memory: --gen_batch_size 8 -> 4, the pass redone" in out
+    assert "out of memory: --micro_batch_size 128 -> " in out
+    saved = json.load(open(run_dir / "config.json"))  # what a resume goes on with
+    assert saved["gen_batch_size"] == 4 and saved["micro_batch_size"] <= 4
+    changes = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert changes[0] == {"step": 0, "changed": {"gen_batch_size": [0, 8]}, "why": "out of memory"}
+    monkeypatch.undo()
+    smaller = tmp_path / "smaller"
+    train.train(train.Config(model=tiny_dir, out_dir=str(smaller), gen_batch_size=4,
+                             micro_batch_size=saved["micro_batch_size"], **KW), log=lambda *a: None)
+    (rows_a, hist_a, w_a), (rows_b, hist_b, w_b) = trained(run_dir), trained(smaller)
+    picked = ("step", "reward", "kept", "tokens", "valid")
+    assert [[r[k] for k in picked] for r in rows_a] == [[r[k] for k in picked] for r in rows_b]
+    assert hist_a == hist_b
+    assert all(torch.allclose(w_a[k], w_b[k], atol=1e-5) for k in w_a)
+
+
+def test_out_of_memory_with_a_batch_of_1_stops_with_a_checkpoint(tmp_path, tiny_dir, monkeypatch,
+                                                                  capsys):
+    small_memory(monkeypatch, 0)
     run_dir = tmp_path / "oom"
     argv = ["--model", tiny_dir, "--out_dir", str(run_dir)] + [f"--{k}={v}" for k, v in KW.items()]
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 1 and len(err) == 1, err
-    assert err[0] == (f"error: out of memory at step 1; the checkpoint holds the steps before 1; continue with less "
-                      f"memory per pass: python train.py --resume {run_dir} --micro_batch_size 64 (or --gen_batch_size "
-                      f"8, --logprob_chunk 2048, --gradient_checkpointing true; experiments/speed.md has settings by GPU "
-                      f"memory)")
-    monkeypatch.undo()
-    config.main(train.Config, train.train, ["--resume", str(run_dir), "--micro_batch_size", "1",
-                                            "--gradient_checkpointing", "true"])
-    assert json.loads((run_dir / "resumes.jsonl").read_text()) == {
-        "step": 1, "changed": {"gradient_checkpointing": [False, True], "micro_batch_size": [128, 1]}}
-    assert json.load(open(run_dir / "config.json"))["micro_batch_size"] == 1
-    (rows_a, hist_a, w_a), (rows_b, hist_b, w_b) = trained(run_dir), uninterrupted
-    assert [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_a] == \
-           [{k: r[k] for k in ("step", "reward", "kept", "tokens")} for r in rows_b]
-    assert all(torch.allclose(w_a[k], w_b[k], atol=1e-5) for k in w_a)
-    assert [h["step"] for h in hist_a] == [h["step"] for h in hist_b] == [0, 1, 2, 3]  # no evaluation lost
+    err = capsys.readouterr().err.strip().splitlines()  # eval.py's halvings, then the stop's line
+    assert e.value.code == 1 and "halving" not in err[-1], err
+    assert err[-1].startswith("error: out of memory at step 0; the checkpoint holds the steps "
+                              "before 0; continue with less memory per pass: python train.py "
+                              f"--resume {run_dir}")
 
 
 def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_path, tiny_dir, monkeypatch, capsys):
@@ -184,9 +222,9 @@ def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_pat
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_dir, monkeypatch):
     """trainer.pt written with every tensor tagged as CUDA memory (as a GPU run saves its AdamW state):
     without map_location torch.load refuses it on a machine without a GPU; --resume continues."""
-    def stop_after_step_0(line):
+    def stop_after_step_0(line):  # a real Ctrl-C: the run stops at the step's end
         if line.startswith("step    0 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
     with monkeypatch.context() as m:
         m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
         with pytest.raises(KeyboardInterrupt):
@@ -320,9 +358,9 @@ def test_resume_refuses_flags_that_would_change_the_run(tmp_path, tiny_dir, caps
 
 
 def test_a_copied_run_folder_resumes_in_itself(tmp_path, tiny_dir, capsys, uninterrupted):
-    def stop_after_step_0(line):
+    def stop_after_step_0(line):  # a real Ctrl-C: the run stops at the step's end
         if line.startswith("step    0 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "orig"), **KW), log=stop_after_step_0)
     shutil.copytree(tmp_path / "orig", tmp_path / "copy")
@@ -417,9 +455,9 @@ def test_a_resumed_run_keeps_its_world_when_its_source_folder_is_gone(tmp_path, 
     source = tmp_path / "source"
     shutil.copytree(tiny_dir, source)
 
-    def stop_after_step_0(line):
+    def stop_after_step_0(line):  # a real Ctrl-C: the run stops at the step's end
         if line.startswith("step    0 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=str(source), out_dir=str(tmp_path / "run"),
                                  **{**KW, "steps": 2, "eval_every": 0, "eval_size": 2}), log=stop_after_step_0)
@@ -442,30 +480,42 @@ def test_a_refused_resume_records_no_change(tmp_path, tiny_dir, capsys):
     assert not (run_dir / "resumes.jsonl").exists()
 
 
-def test_a_signal_during_the_interrupts_own_save_waits_for_it(tmp_path, tiny_dir, monkeypatch):
-    """SIGTERM at the start of step 1, then a second SIGTERM while that interrupt's checkpoint is being
-    written: the save finishes and the exit code is SIGTERM's."""
-    real_batch, real_fsync, sent = train.batch_at, checkpoint.fsync, []
+def test_a_second_signal_during_a_save_quits_and_leaves_the_last_checkpoint(tmp_path, tiny_dir,
+                                                                           monkeypatch, quit_now,
+                                                                           uninterrupted):
+    """SIGTERM inside step 1's updates: the step finishes and its checkpoint is written; a second
+    SIGTERM during that save quits at once with SIGTERM's code, and the checkpoint of step 1 (a
+    periodic one) stands: the half-written one is dropped on resume, which completes the run."""
+    real_step, real_fsync, sent = train.optimizer_step, checkpoint.fsync, []
 
     def first_signal(*a, **k):
-        if a[1] == 1 and not sent:  # step 1
+        if not sent and len(train_calls) == 1:
             sent.append("first")
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_batch(*a, **k)
+        return real_step(*a, **k)
+    train_calls = []
+
+    def count_steps(line):
+        if line.startswith("step "):
+            train_calls.append(line)
 
     def second_signal(path):
         if sent == ["first"]:  # the interrupt's own save
             sent.append("second")
             os.kill(os.getpid(), signal.SIGTERM)
         return real_fsync(path)
-    monkeypatch.setattr(train, "batch_at", first_signal)
+    monkeypatch.setattr(train, "optimizer_step", first_signal)
     monkeypatch.setattr(checkpoint, "fsync", second_signal)
-    argv = ["--model", tiny_dir, "--out_dir", str(tmp_path / "run")] + [f"--{k}={v}" for k, v in KW.items()]
+    run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
-        config.main(train.Config, train.train, argv + ["--save_every=0", "--eval_every=0"])
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **{**KW, "save_every": 1}),
+                    log=count_steps)
     assert e.value.code == 143 and sent == ["first", "second"]
-    assert torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 1
-    assert not (tmp_path / "run" / "checkpoint.tmp").exists()
+    monkeypatch.undo()
+    assert checkpoint.load(str(run_dir))[1]["step"] == 1  # the last checkpoint, as it was
+    assert not (run_dir / "checkpoint.tmp").exists()
+    train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
+    same_run(trained(run_dir), uninterrupted)
 
 
 def test_a_signal_before_any_step_says_what_was_saved(tmp_path, tiny_dir, monkeypatch):
@@ -480,3 +530,136 @@ def test_a_signal_before_any_step_says_what_was_saved(tmp_path, tiny_dir, monkey
     said = lines[-1].strip()
     assert "step -1" not in said and "no step had finished" in said and "it resumes at step 0" in said, said
     assert torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 0
+
+
+# ----------------------------------------------------------------------------- every stop safe
+
+
+def argv_of(run_dir, tiny_dir, **kw):
+    return ["--model", tiny_dir, "--out_dir", str(run_dir)] + \
+        [f"--{k}={v}" for k, v in {**KW, **kw}.items()]
+
+
+def test_a_signal_inside_a_library_never_loses_the_run(tmp_path, tiny_dir, monkeypatch,
+                                                       uninterrupted):
+    """SIGTERM while curves.png is drawn after step 1's evaluation. matplotlib's C++ turns a
+    KeyboardInterrupt raised inside it into "ValueError: Invalid bounding box" (the wrapper does the
+    same here): a handler that raises lost the run. A flag lets the drawing finish; the run stops at
+    the next step's start with a checkpoint, exits 143, and resumes into the uninterrupted run."""
+    real, sent = plots.plot_run, []
+
+    def drawing(*a, **k):
+        try:
+            if not sent:
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real(*a, **k)
+        except KeyboardInterrupt:
+            raise ValueError("Invalid bounding box") from None
+    monkeypatch.setattr(plots, "plot_run", drawing)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, argv_of(run_dir, tiny_dir))
+    assert e.value.code == 143
+    assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 1
+    monkeypatch.undo()
+    train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
+    same_run(trained(run_dir), uninterrupted)
+
+
+def test_a_filesystem_without_flock_locks_by_pid(tmp_path, tiny_dir, monkeypatch, capsys):
+    """flock refused by the filesystem (ENOLCK; EOPNOTSUPP on some NFS, CIFS and FUSE mounts): the
+    run locks its folder with the pid file instead; only a live process's pid is "in use"."""
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    run_dir, one = tmp_path / "nfs", {"steps": 1, "eval_every": 0}
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, **one))
+    assert [r["step"] for r in rows(run_dir)] == [0] and not (run_dir / "run.lock").exists()
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "run.lock").write_text(f"{os.getppid()}\n")  # a live process that is not this one
+    err = exit_2(argv_of(live, tiny_dir, **one), capsys)
+    assert f"in use by a train.py that is still running (pid {os.getppid()})" in err
+    assert (live / "run.lock").read_text() == f"{os.getppid()}\n"  # left to its holder
+    (live / "run.lock").write_text("999999999\n")  # a dead one's: taken over
+    config.main(train.Config, train.train, argv_of(live, tiny_dir, **one))
+    assert [r["step"] for r in rows(live)] == [0] and not (live / "run.lock").exists()
+    # a start refused after the lock leaves no folder it created, no run.lock
+    exit_2(argv_of(tmp_path / "new", tiny_dir, dataset=str(tmp_path / "none.jsonl")), capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_start_leaves_the_folder_as_it_found_it(tmp_path, tiny_dir, monkeypatch, capsys):
+    """--wandb without the wandb package is refused after the model loaded: a fresh folder is
+    removed again (the same command without --wandb then runs), and --overwrite true keeps the run
+    it would have replaced."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as where it is missing
+    run_dir, one = tmp_path / "run", {"steps": 1, "eval_every": 0}
+    assert "pip install wandb" in exit_2(argv_of(run_dir, tiny_dir, wandb="proj", **one), capsys)
+    assert not run_dir.exists()
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, **one))
+    before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    exit_2(argv_of(run_dir, tiny_dir, wandb="proj", overwrite="true", seed=1, **one), capsys)
+    assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_refused_resume_records_nothing(tmp_path, tiny_dir, monkeypatch, capsys):
+    """A resume refused by the device or by wandb leaves resumes.jsonl and config.json as they were,
+    so a plain --resume then runs."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    run_dir = tmp_path / "run"
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, steps=1, eval_every=0))
+    saved = (run_dir / "config.json").read_text()
+    refused = [["--wandb", "proj"]] + [["--device", "cuda"]] * (not torch.cuda.is_available())
+    for flags in refused:
+        exit_2(["--resume", str(run_dir), *flags], capsys)
+        assert (run_dir / "config.json").read_text() == saved, flags
+        assert not (run_dir / "resumes.jsonl").exists(), flags
+    config.main(train.Config, train.train, ["--resume", str(run_dir)])
+
+
+def test_a_second_signal_quits_at_once_without_saving(tmp_path, tiny_dir, monkeypatch, quit_now):
+    """A second signal after the step's log line quits without saving (docs/checkpoints.md), with
+    the first signal's code; so does one just after the interrupt's save (next test), not with 130,
+    and it says how to continue."""
+    real_step = train.optimizer_step
+
+    def first_signal(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*a, **k)
+
+    def second_at_the_step_line(line):
+        if line.startswith("step    0 "):
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(train, "optimizer_step", first_signal)
+    run_dir = tmp_path / "line"
+    with pytest.raises(BaseException) as e:  # a quit, not an interrupt's KeyboardInterrupt
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW),
+                    log=second_at_the_step_line)
+    assert e.type is SystemExit and e.value.code == 143 and not (run_dir / "checkpoint").exists()
+
+
+def test_a_second_signal_after_the_interrupts_save_exits_with_the_first_signals_code(
+        tmp_path, tiny_dir, monkeypatch, capfd, quit_now):
+    """SIGTERM at step 0's start, its checkpoint saved, and SIGINT as the run says so: the exit
+    code is SIGTERM's, and the command to continue is said."""
+    real_batch, said = train.batch_at, []
+
+    def first_at_the_step_start(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_batch(*a, **k)
+
+    def second_after_the_save(line):
+        if line.lstrip().startswith("interrupted"):
+            os.kill(os.getpid(), signal.SIGINT)
+        said.append(line)
+    monkeypatch.setattr(train, "batch_at", first_at_the_step_start)
+    run_dir = tmp_path / "save"
+    capfd.readouterr()
+    with pytest.raises(BaseException) as e:
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW),
+                    log=second_after_the_save)
+    assert e.type is SystemExit and e.value.code == 143  # SIGTERM's, the first
+    assert f"python train.py --resume {run_dir}" in capfd.readouterr().err + "".join(said)
+    assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 0

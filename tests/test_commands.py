@@ -17,8 +17,9 @@ LAUNCHED = re.compile(r"(?:launch|torchrun)\b[^\n`]*?\s([\w/]+\.py)\b")
 BASH = re.compile(r"\bbash ([\w/.]+\.sh)\b")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
-# Runs each program's --help as `python PROGRAM --help` would, one after the other in one process (so
-# torch is imported once): sys.argv and sys.path[0] as Python sets them, the project's modules fresh. Prints {program: [exit code, the first line of its output]}.
+# Runs each program's --help as `python PROGRAM --help` would, one after the other in one process
+# (so torch is imported once): sys.argv and sys.path[0] as Python sets them, the project's modules
+# fresh. Prints {program: [exit code, the first line of its output]}.
 CHECK = r'''
 import contextlib, io, json, os, runpy, sys
 here, out = os.getcwd() + os.sep, {}

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -366,9 +367,9 @@ def test_one_step_of_signal_among_skipped_ones(tmp_path, tiny_dir, one_step_of_s
     assert all(torch.equal(a[k], b[k]) for k in a)  # the skipped steps moved nothing
     # stopped after the skipped step 1 and resumed: the same rows and weights as straight through
 
-    def stop_after_step_1(line):
+    def stop_after_step_1(line):  # a real Ctrl-C: the run stops at the step's end
         if line.startswith("step    1 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **{**SMALL, **kw}),
                     log=stop_after_step_1)
@@ -443,7 +444,7 @@ def test_dropout_is_off_so_one_seed_gives_one_run(tmp_path, tiny_dir):
     assert json.load(open(runs[0] / "checkpoint" / "config.json"))["attention_dropout"] == 0.0  # as trained
 
 
-def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir):
+def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir, capsys):
     """After a real step AdamW's moments are nonzero, so a step on an exactly-zero gradient (every token
     with a gradient clipped) would still move the weights: it is not taken, and not counted."""
     model, _ = train.load_model(tiny_dir, device="cpu", dtype="float32")
@@ -460,8 +461,11 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir)
     assert (out["applied"], out["zero_grad"], out["grad_norm"]) == (False, 1, 0.0)
     assert all(torch.equal(p, q) for p, q in zip(params, before))
     params[0].grad = torch.full_like(params[0], math.nan)
+    capsys.readouterr()
     out = train.optimizer_step(model, optimizer, 1.0, 0.3)
     assert (out["applied"], out["nonfinite"]) == (False, 1) and all(torch.equal(p, q) for p, q in zip(params, before))
+    # each such update says so as it happens, not only in the step line's count
+    assert capsys.readouterr().out.startswith("warning: a non-finite loss (0.3) or gradient")
     # the log counts only the applied update's tokens; the skipped step's gradient norm is a gap, not 0
     from machinery.logs import step_record
     from rollout import Rollouts

@@ -1,6 +1,9 @@
 """The update of train.py: several optimizer steps per rollout batch (K), the ratio and the clip,
 GSPO's sequence ratio, micro-batches cut to their own span, and the entropy recorded while sampling.
 Each test compares against a hand-written reference: the plain full-width computation."""
+import os
+from signal import SIGINT
+
 import pytest
 import torch
 
@@ -330,7 +333,7 @@ def test_k2_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
 
     def interrupt_after_step_0(line):
         if line.startswith("step    0 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), SIGINT)  # a real Ctrl-C: the run stops at the step's end
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw), log=interrupt_after_step_0)
     train.train(train.Config(resume=str(tmp_path / "cut")), log=lambda *a: None)
@@ -355,7 +358,7 @@ def test_minibatch_size_and_random_controls_replay_exactly(tmp_path, tiny_dir):
 
     def interrupt_after_step_0(line):
         if line.startswith("step    0 "):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), SIGINT)  # a real Ctrl-C: the run stops at the step's end
     with pytest.raises(KeyboardInterrupt):
         train.train(train.Config(model=tiny_dir, out_dir=str(tmp_path / "cut"), **kw),
                     log=interrupt_after_step_0)

@@ -1,0 +1,58 @@
+"""
+Ctrl-C and SIGTERM: a flag that the run reads at points it owns, never an exception raised inside
+other code.
+
+A handler that raises KeyboardInterrupt raises it wherever the main thread happens to be: inside
+matplotlib's C++ (which turns it into "ValueError: Invalid bounding box"), inside a save, between a
+step's updates; every such place then needs its own guard. So the first signal only sets the flag
+and says so in one line. machinery/run.py reads it between decode steps (a Stop is also a
+transformers StoppingCriteria, which `generate` asks after every token), after a step's generation,
+before a step's first update and at a step's end, then saves the steps applied and exits with 130
+(SIGINT) or 143 (SIGTERM). A second signal quits at once with the first signal's code, leaving the
+last checkpoint as it was: its writes are atomic (machinery/checkpoint.py).
+"""
+import os
+import signal
+import sys
+import threading
+
+import torch
+from transformers import StoppingCriteria
+
+
+class Stop(StoppingCriteria):
+    """The flag: `first` is the first signal's number, or None while no signal came. As a stopping
+    criterion, every row of a `generate` call ends at its next token once a signal came (the run
+    then throws those rows away). `resume` is the command a quit prints."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.resume, self.old = None, "", {}
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.first is not None, dtype=torch.bool,
+                          device=input_ids.device)
+
+    def install(self):
+        """Handle SIGINT and SIGTERM, in the main thread only (Python's rule for signals)."""
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+        self.old = {}
+
+    def handler(self, signum, frame):
+        # os.write, not print: a handler may run inside a print, and a buffered stream refuses a
+        # reentrant call with an exception, which is what this design avoids
+        if self.first is None:
+            self.first = signum
+            os.write(2, b"\nstopping at the next safe point; signal again to quit now\n")
+            return
+        os.write(2, f"\nquit at once; the last checkpoint stands{self.resume}\n".encode())
+        try:
+            sys.stdout.flush()  # the lines printed so far
+        except Exception:  # a flush this handler interrupted: those lines are lost, not the exit
+            pass
+        os._exit(128 + self.first)  # no cleanup runs: a save cut short is dropped on resume
