@@ -5,6 +5,10 @@ experiments/study.md to compare K = 4 with K = 1, a fixed mini-batch size with a
 with GRPO's loss.
 
     python experiments/paired.py out/study/tiny-adamw out/study/tiny-adamw-k
+    python experiments/paired.py out/study/controls-tiny:d3s-random out/study/controls-tiny:d3s
+
+STUDY:METHOD pairs one method of A with one method of B (a method against its random twin, say),
+seed by seed; the row is named "B's method - A's".
 
 Each side's updates: "K 4", or with a mini-batch size (--minibatch_size M) "M 8 (2.44/step)", the
 updates made per step, mean over the steps and seeds. Also prints, from each run's log.jsonl, the
@@ -43,8 +47,18 @@ def log_means(run):
 
 def main(a, b):
     from experiments import bench  # here: --help and a wrong call need no torch
+    (a, ma), (b, mb) = (s.partition(":")[::2] for s in (a, b))
     ra, rb = runs(a), runs(b)
-    print(f"B minus A, paired by seed; A = {a}, B = {b}; points, mean ± 95% CI")
+    if ma or mb:  # one method against another: B's runs renamed to A's method, paired by seed
+        if not (ma and mb):
+            sys.exit("give a method on both sides (STUDY:METHOD) or on neither")
+        name = f"{mb} - {ma}"
+        ra = {(name, s): r for (m, s), r in ra.items() if m == ma}
+        rb = {(name, s): r for (m, s), r in rb.items() if m == mb}
+        if not (ra and rb):
+            sys.exit(f"no finished runs of {ma} in {a} or of {mb} in {b}")
+    print(f"B minus A, paired by seed; A = {a}{':' + ma if ma else ''}, "
+          f"B = {b}{':' + mb if mb else ''}; points, mean ± 95% CI")
     print("| method | seeds | A: updates, lr | B: updates, lr | Δ final | Δ AUC | B better in "
           "| A clip, ratio min-max | B clip, ratio min-max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -68,7 +82,8 @@ def main(a, b):
               f"| {clip(*means[1][:3])} |")
 
 
-USAGE = "usage: python experiments/paired.py STUDY_A STUDY_B  (two bench.py --out folders)"
+USAGE = ("usage: python experiments/paired.py STUDY_A[:METHOD] STUDY_B[:METHOD]  (two bench.py "
+         "--out folders)")
 
 if __name__ == "__main__":
     if sys.argv[1:] in (["-h"], ["--help"]):

@@ -737,6 +737,30 @@ def test_paired_compares_a_mini_batch_size_with_a_fixed_k(tmp_path, capsys):
     assert row[5:] == ["+2.5 ± 31.8", "1/2", "0.100, 0.90-1.10", "0.100, 0.90-1.10"]
 
 
+def test_paired_compares_a_method_with_its_random_twin_in_one_study(tmp_path, capsys):
+    from experiments import paired
+    runs = []
+    for method, finals in (("d3s", [0.6, 0.7, 0.5]), ("d3s-random", [0.4, 0.6, 0.5])):
+        for seed, final in enumerate(finals):
+            out_dir = tmp_path / "runs" / f"{method}-seed{seed}"
+            out_dir.mkdir(parents=True)
+            rows = fake_steps(2, kept=8, tokens=100, t_gen=1.0, t_upd=0.5, updates=lambda i: 4)
+            (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            runs.append({"method": method, "seed": seed, "lr": 5e-5, "updates_per_batch": 4,
+                         "out_dir": str(out_dir), "error": None,
+                         "history": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": final}]})
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    paired.main(f"{tmp_path}:d3s-random", f"{tmp_path}:d3s")
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("| d3s - "))
+    row = [c.strip() for c in line.strip("|").split("|")]
+    assert row[0] == "d3s - d3s-random"
+    # finals .6 - .4, .7 - .6, .5 - .5: mean .1, sd .1, t(0.975, 2) 4.303: ± 24.8; AUC halves them
+    assert row[1:] == ["3", "K 4, 5e-05", "K 4, 5e-05", "+10.0 ± 24.8", "+5.0 ± 12.4", "2/3",
+                       "0.000, 1.00-1.00", "0.000, 1.00-1.00"]
+    with pytest.raises(SystemExit, match="on both sides"):
+        paired.main(f"{tmp_path}:d3s-random", str(tmp_path))
+
+
 def test_paired_and_study_sh_print_their_usage():
     # what the docs print: --help exits 0 with the usage on stdout; no argument is an error
     root = Path(bench.__file__).resolve().parents[1]
