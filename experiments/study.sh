@@ -108,22 +108,27 @@ controls)
   $BENCH $WEAK --methods grpo,d3s,d3s-random --tuned out/study/weak-settings.json --seeds 8 \
       --budget seconds --out out/study/controls-weak
   # (c) the divisor: D3S under each paper's (valid: DAPO, TRL, 80/20; seq: GRPO's and GSPO's
-  #     papers; kept, ours, is above), the entropy baseline under its paper's (valid) and ours
-  for div in valid seq; do
-    $BENCH --methods d3s --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
-        --out out/study/divisor-tiny-$div
+  #     papers; kept, ours, is above), the entropy baseline under its paper's (valid) and ours;
+  # (d) a fixed mini-batch size (M = 32 rollouts an update, ceil(kept / 32) updates) against K = 4.
+  #     lr 5e-5, K = 4: D3S's tuned setting in both worlds, the entropy baseline's in tiny-weak
+  #     (in tiny it was tuned at K = 1 only; here it takes D3S's)
+  for world in tiny tiny-weak; do
+    for div in valid seq; do
+      $BENCH --model $world --methods d3s --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
+          --out out/study/divisor-$world-$div
+    done
+    for div in valid kept; do
+      $BENCH --model $world --methods entropy --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
+          --out out/study/divisor-$world-entropy-$div
+    done
+    $BENCH --model $world --methods d3s --minibatch_size 32 --lr 5e-5 --seeds 8 --steps 60 $C \
+        --out out/study/minibatch-$world
+    if [ $world = tiny ]; then  # GSPO as its paper aggregates it (the sequence mean)
+      $BENCH --methods grpo,d3s --loss gspo --lr 5e-5 --seeds 8 --steps 60 $C \
+          --out out/study/gspo-tiny
+    fi
   done
-  for div in valid kept; do
-    $BENCH --methods entropy --divisor $div --lr 5e-5 --seeds 8 --steps 60 $C \
-        --out out/study/divisor-tiny-entropy-$div
-  done
-  # (d) a fixed mini-batch size (M = 32 rollouts an update, ceil(kept / 32) updates) against K = 4
-  $BENCH --methods d3s --minibatch_size 32 --lr 5e-5 --seeds 8 --steps 60 $C \
-      --out out/study/minibatch-tiny
-  # GSPO as its paper aggregates it (the sequence mean, --loss gspo's divisor)
-  $BENCH --methods grpo,d3s --loss gspo --lr 5e-5 --seeds 8 --steps 60 $C \
-      --out out/study/gspo-tiny
-  # every pair against the same seeds' runs: python experiments/paired.py A/results.json B/...
+  # each pair, seed by seed: python experiments/paired.py A B (study.md gives every one)
   ;;
 fork-tune)
   # tiny-fork (a fifth of the tokens forks, as in a real model): GRPO's and D3S's lr at K = 4 on
