@@ -26,6 +26,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 def runs(study):
     """{(method, seed): run} of a study's finished runs; one setting per method (not a tuning
     run)."""
+    if not os.path.isfile(os.path.join(study, "results.json")):
+        sys.exit(f"{study}: no results.json; pass the --out folder of a bench.py command that "
+                 "finished")
     with open(os.path.join(study, "results.json")) as f:
         ok = [r for r in json.load(f)["runs"] if r["error"] is None]
     by = {(r["method"], r["seed"]): r for r in ok}

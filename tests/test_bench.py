@@ -759,6 +759,8 @@ def test_paired_compares_a_method_with_its_random_twin_in_one_study(tmp_path, ca
                        "0.000, 1.00-1.00", "0.000, 1.00-1.00"]
     with pytest.raises(SystemExit, match="on both sides"):
         paired.main(f"{tmp_path}:d3s-random", str(tmp_path))
+    with pytest.raises(SystemExit, match="no results.json"):
+        paired.main(str(tmp_path / "runs"), str(tmp_path))
 
 
 def test_paired_and_study_sh_print_their_usage():
