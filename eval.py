@@ -33,9 +33,9 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
   pass@j      j = 1, 2, 4, ..., n (and n itself): the chance that at least one of j samples drawn
               without replacement from the n is correct, 1 - C(n-c, j) / C(n, j), averaged over
               problems (Chen et al. 2021's unbiased estimator; it uses all n samples, not just j).
-  no_answer   share of completions with no extractable final answer (reward.extract_answer; a
-              hedge such as "5 or 6" is none; a truncated completion counts only with a closed
-              \\boxed{} or a finished #### line, the rule train.py's rewards follow).
+  no_answer   share of completions with no final answer in the asked format, a closed \\boxed{} or
+              a #### line (reward.extract_answer; when truncated, only a finished one, as train.py
+              grades): a model that has not learned the format shows here, not as lenient grades.
   mean_length completion tokens, the stop token included (Rollouts.lengths).
   truncated   share of completions that hit max_new_tokens without a stop token.
   seconds     wall time: generation plus grading.

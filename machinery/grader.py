@@ -1,28 +1,29 @@
 r"""
-Is an extracted answer equal to the reference? reward.py's grade asks compare(answer, reference);
-the rules and their examples are in docs/grading.md.
+Is a final answer equal to the reference? reward.py's grade asks judge(answer, reference); the
+rules and their examples are in docs/grading.md.
 
+    judge(answer, reference)   -> "hedge" (more values than the reference) or compare's outcome
     compare(answer, reference) -> "correct" | "wrong" | "timeout" | "error"
+    values(answer)                the values an answer offers: "5 or 6" two, "(5, 6)" one
     canonical(s)                  a spelling-insensitive form of a LaTeX answer (no spaces, no $)
 
-Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, and those
-compare as exact fractions in pure Python, in microseconds (_as_number, _numbers_equal), words after
-the number included [ours]: a unit or noun is dropped, a scale word multiplies, and any other word
-may be mathematics and makes the answer no plain number, so nothing mathematical is ever dropped.
-Everything else goes through math-verify, which parses both sides into sympy and compares them
-symbolically, with its own unit stripping off (it dropped single letters and any trailing \text{});
-our rule drops a trailing unit there instead (_for_sympy). sympy can run for seconds or forever on a
-hostile input (`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs, so that path has
-two fences: cheap checks that send long, deeply nested or huge-number answers to a string
-comparison (_too_risky), and, on the main thread, a wall-clock deadline (_with_deadline).
-math-verify's own timeouts use signal.alarm (whole seconds, main thread only; in a worker thread
-they raise), so we switch them off and keep our own.
+Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, compared as
+exact fractions in pure Python, in microseconds (_as_number, _numbers_equal), words after the
+number included [ours]: a unit is dropped, a scale word multiplies, any other word may be
+mathematics and makes the answer no plain number. Everything else goes through math-verify, which
+parses both sides into sympy, with its own unit stripping off (it dropped single letters and any
+trailing \text{}); _for_sympy drops a trailing unit by our rule instead. sympy can run for seconds
+or forever on a hostile input (`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs,
+so that path has two fences: long, deeply nested or huge-number answers compare as strings
+(_too_risky), and on the main thread a wall-clock deadline stops it (_with_deadline); math-verify's
+own timeouts use whole-second signal.alarm, which raises off the main thread, so they are off.
 """
 import logging
 import re
 import signal
 import sys
 import threading
+import time
 from fractions import Fraction
 
 from math_verify import (ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig,
@@ -61,6 +62,22 @@ def compare(answer, reference):
     return "correct" if ok else "wrong"
 
 
+def judge(answer, reference):
+    """compare for a final answer, or "hedge" when it offers more different values than the
+    reference does (values, distinct): "5 or 6" against 5 or against 6. Values the answer repeats
+    count once and are compared once ("5 \\text{ or } 5.0" is 5); telling symbolic values apart
+    gets half of DEADLINE_S, so that it and the comparison after it stay within a second."""
+    if _too_risky(answer):
+        return compare(answer, reference)  # compared as a string: only the reference's own passes
+    offered, limit = values(answer), len(values(reference))
+    if len(offered) > limit:
+        offered = distinct(offered, limit, DEADLINE_S / 2)
+        if len(offered) > limit:
+            return "hedge"
+        answer = ", ".join(offered)
+    return compare(answer, reference)
+
+
 def _plain_equal(answer, reference):
     """compare's fast path, with no sympy: True or False for two plain numbers, True for two equal
     spellings, else None (math-verify decides)."""
@@ -80,20 +97,13 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 # decided word by word below. Nothing is dropped here.
 _TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
 
-# Words after a number [ours]. A plain number may be followed by words, and each word is one of:
-#   a scale word, an exact multiplier, written right after the number: 1.5 million = 1500000,
-#     2 dozen = 24, 5 million != 5. (Not "k": a single letter is as often a variable, so `5k` is no
-#     plain number and math-verify reads it as 5k.)
-#   a unit or another noun, which is dropped: 18 dollars = 18, 15 cm^2 = 15, 42 apples = 42;
-#   anything else, which may be mathematics: then the answer is no plain number and math-verify
-#     decides (2 \mathrm{i}, 2 pi and 2 xy are not 2).
-# A word counts as a unit only when it cannot be mathematics: it is a listed abbreviation
-# (_UNITS), or it has four letters or more and is no function, Greek letter, constant or
-# value-changing word (_MATH_WORDS, _FUNCTION_OF). Single letters are variables or constants (x,
-# i, e). Other words of two or three letters are ambiguous, a product of variables (xy, ab, mn) as
-# likely as a unit, and we decide conservatively: not a unit, so that the answer is not a plain
-# number and math-verify, which does not strip them either (see _EXTRACTION), decides. The cost is
-# a false negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
+# Words after a number [ours], each one of: a scale word, an exact multiplier right after the
+# number (1.5 million = 1500000; not "k": a letter is as often a variable); a unit or a noun,
+# dropped (18 dollars = 18, 15 cm^2 = 15); anything else, which may be mathematics: then the answer
+# is no plain number and math-verify decides (2 \mathrm{i}, 2 pi, 2 xy are not 2). A unit is a
+# listed abbreviation (_UNITS) or a word of four letters or more that names no mathematics
+# (_MATH_WORDS, _FUNCTION_OF). Single letters and other short words (xy, ab) are not units: a false
+# negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
 _SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
            "trillion": 10 ** 12, "dozen": 12, "percent": Fraction(1, 100)}  # % is "percent"
 # "sec" and "min" are seconds and minutes here: right after a number, with no argument, they cannot
@@ -269,71 +279,60 @@ def canonical(s):
     return re.sub(r"\s+", "", s).rstrip(".")
 
 # -----------------------------------------------------------------------------
-# Reading a completion: where a box ends, and hedges (two values offered for one answer)
+# How many values an answer offers
 
-_BARE = re.compile(r"[^\s$]+")  # `\boxed 5`: up to whitespace or `$`
-
-
-def box_content(text, i):
-    """(content, end, runs_to_end) of the box whose command ends at text[i], or None if it never
-    closes (end: where the box ends).
-    runs_to_end: a brace-less box (`\\boxed 5`) whose content stops only at the end of the text, so
-    a completion cut off there may have lost the rest of it ("5" of "56")."""
-    n, j = len(text), i
-    while j < n and text[j] in " \t":
-        j += 1
-    if j < n and text[j] == "{":
-        depth, k = 0, j
-        while k < n:
-            c = text[k]
-            if c == "\\":
-                k += 2  # an escaped character (`\{`, `\}`, `\\`) never opens or closes the box
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1:k], k + 1, False
-            k += 1
-        return None  # unbalanced: cut off before the box closed
-    m = _BARE.match(text, j)
-    return (m.group(0), m.end(), m.end() == n) if m else None
+# [ours] The values of an answer are its parts between separators: the words "or" and "and"
+# (inside a \text{} too, and anywhere: "5 (or 6)" is two values), and at the top level (outside
+# (), [], {}, \{\} and \begin...\end) a comma (not one inside a number: 1,080 and 1,\! 080 are
+# one), ;, \\, \lor, \vee and \mid. A value with \pm or \mp is two, a+b and a-b.
+_TOKEN = re.compile(r"\\\\|\\[{}]|\\[A-Za-z]+|\\.|[A-Za-z]+|[(\[{]|[)\]}]|[,;]")
+_OPEN, _CLOSE = ("(", "[", "{", "\\{", "\\begin"), (")", "]", "}", "\\}", "\\end")
+_SEPARATORS = (",", ";", "\\\\", "\\lor", "\\vee", "\\mid")
+_TEXT_SEPARATOR = re.compile(r"[,;]|\b(?:or|and)\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"(?:\s*\\!\s*)?\d{3}(?!\d)")  # after "1,"
+_PLUS_MINUS = re.compile(r"\\(pm|mp)(?![A-Za-z])")
 
 
-# A hedge [ours]. "or" (or "and/or") between two values inside the answer (5 \text{ or } 6; not
-# x = 2 or x = 3, a set of solutions), or joined to it from outside: a value after it on its line
-# ($5$ or $6$, \boxed{5} or 6), or a box before a box (\boxed{5} or \boxed{6}). Only a box before
-# a box: MATH's solutions restate a result into its box ("$\frac{72}{6}$, or $\boxed{12}$").
-_OR = (r"[ \t]*(?:\$|\\\))?[ \t]*,?[ \t]*(?:\\(?:text|mbox)\s*\{[ \t]*)?"  # "$ or", ", \text{ or }"
-       r"(?:or|and/or)(?![A-Za-z])[ \t]*\}?[ \t]*")
-_BOXED = r"\\(?:boxed|fbox)\s*\{((?:[^{}\n]|\{[^{}\n]*\})*)\}"  # one level of braces inside
-_OR_INSIDE = re.compile(r"(?:\d|\\pi|\})" + _OR + r"[-+]?[ \t]*(?:\.?\d|\\[dt]?frac|\\sqrt|\\pi)")
-_OR_AFTER = re.compile(_OR + r"(?:either[ \t]+)?(?:\$([^$\n]+)\$|\\\((.+?)\\\)|" + _BOXED
-                       + r"|([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:[ \t]*/[ \t]*\d+)?))")
-_BOX_OR = re.compile(_BOXED + _OR + r"(?:\$|\\\()?[ \t]*$")
+def values(s):
+    """The values an answer offers (see above), each a non-empty string: values("5 \\text{ or }
+    5.0") is ["5", "5.0"], values("(3, 4)") is ["(3, 4)"], values("\\pm 2") is ["+ 2", "- 2"]."""
+    t = _TEXT_BOX.sub(lambda m: f" {m[1]} " if _TEXT_SEPARATOR.search(m[1]) else m[0], s)
+    parts, depth, start = [], 0, 0
+    for m in _TOKEN.finditer(t):
+        w = m[0].lower()
+        depth += (w in _OPEN) - (w in _CLOSE)
+        if w in ("or", "and") or depth <= 0 and w in _SEPARATORS and not (
+                w == "," and t[m.start() - 1:m.start()].isdigit() and _THOUSANDS.match(t, m.end())):
+            parts.append(t[start:m.start()])
+            start = m.end()
+    parts = [p.strip() for p in parts + [t[start:]] if canonical(p)] or [s.strip()]
+    return [v for p in parts for v in _plus_minus(p)]
 
 
-def hedged(answer, text, start, end):
-    """True when the answer read from text[start:end] is a hedge (see above): two values offered
-    for one answer, so reward.extract_answer finds none. The other value must differ from the
-    answer: "$\\frac{72}{6}$ or $12$" is one value. A value after the answer differs unless the two
-    are equal plain numbers or spelled alike; a box before a box, unless math-verify finds them
-    equal within half of DEADLINE_S (\\boxed{x+11} or \\boxed{11+x}), so that a hedge check and
-    the grade after it stay within a second."""
-    if _OR_INSIDE.search(answer):
-        return True
-    after = _OR_AFTER.match(text, end)
-    if after and not _plain_equal(after[after.lastindex], answer):
-        return True
-    before = _BOX_OR.search(text, max(0, start - 200), start)
-    return bool(before) and not _equal_within(before[1], answer, DEADLINE_S / 2)
+def _plus_minus(value):
+    """[value], or the two values it stands for when it holds \\pm or \\mp: a+b and a-b."""
+    if not _PLUS_MINUS.search(value):
+        return [value]
+    return [_PLUS_MINUS.sub(lambda m: signs[m[1] == "mp"], value) for signs in ("+-", "-+")]
+
+
+def distinct(answers, limit, seconds=0.0):
+    """The first of each group of equal answers, by compare's equality, stopping once there are
+    more than `limit`. math-verify is asked only within `seconds` in all; past that, two answers
+    whose plain comparison cannot decide count as different."""
+    found, end = [], time.monotonic() + seconds
+    for a in answers:
+        if not any(_equal_within(a, b, end - time.monotonic()) for b in found):
+            found.append(a)
+            if len(found) > limit:
+                break
+    return found
 
 
 def _equal_within(a, b, seconds):
     """compare(a, b) == "correct", with math-verify given `seconds`; a timeout or error is False."""
     ok = _plain_equal(a, b)
-    if ok is None and not (_too_risky(a) or _too_risky(b)):
+    if ok is None and seconds > 0 and not (_too_risky(a) or _too_risky(b)):
         try:
             ok = _symbolic_equal(a, b, seconds)
         except (_OutOfTime, Exception):

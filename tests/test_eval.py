@@ -148,7 +148,6 @@ def test_evaluate_grades_truncated_completions_as_training_does(tiny_model):
     cut = [r for r in res["records"] if r["truncated"]]
     assert len(cut) >= 8
     assert all(r["answer"] is None and r["correct"] == 0.0 for r in cut if "####" not in r["completion"])
-    assert sum(extract_answer(r["completion"]) is not None for r in cut) >= 8  # what the old rule read
     assert res["no_answer"] >= len(cut) / 16
     _, stats = score([r["completion"] for r in res["records"]], [p["answer"] for p in problems],
                      truncated=[r["truncated"] for r in res["records"]])

@@ -2,16 +2,13 @@
 real GSM8K / MATH-500 references, adversarial completions) and the batch scorer."""
 import json
 import random
-import re
 import signal
-import sys
 import threading
 import time
 from fractions import Fraction
 
 import pytest
 
-import reward
 from machinery import grader
 
 from conftest import SHARED, requires_shared
@@ -40,34 +37,32 @@ def test_last_boxed(text, expected):
 
 
 # -----------------------------------------------------------------------------
-# extract_answer: which answer wins when a completion writes several
+# extract_answer: one explicit final answer, the last box or else the last #### line
 
 @pytest.mark.parametrize("text, expected", [
-    (r"#### 7 but finally \boxed{9}, and 11", "9"),             # 1. boxed beats everything
-    ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # 2. #### beats the rest
-    ("#### 4 #### 8 then 9", "8"),                              #    the last ####
-    ("The answer is 12. Check: 12 + 1 = 13", "12"),             # 3. "the answer is" beats rule 4
-    ("so the answer is 3, and the final answer is: 4 (since 4 > 3)", "4"),  # the last one
-    (r"The answer is $\frac{1}{2}$. Then 9", r"\frac{1}{2}"),   #    a math span right after it
-    (r"The answer is \(\sqrt{2}\) and 5", r"\sqrt{2}"),
-    ("The answer is $18. She paid $5 more.", "18"),            #    a $ before a number is money
-    ("The answer is $18 each, so $36", "18"),
-    ("The answer is $18$.", "18"),
-    ("The answer is $18.5$.", "18.5"),
-    (r"The answer is $2\sqrt{3}$.", r"2\sqrt{3}"),
-    ("The answer is five.\nWe used 3 eggs.", "3"),              #    nothing on its line: rule 4
-    ("so x = 5 and y = -3", "-3"),                              # 4. the last number, with its sign
-    ("10-5 = 5", "5"),
-    ("x-2", "2"),                                               #    after a letter, minus subtracts
-    ("total 1,234.5 dollars.", "1,234.5"),
-    ("it is 3/4.", "3/4"),
-    (".5 or 0.25", "0.25"),
+    (r"#### 7 but finally \boxed{9}, and 11", "9"),             # 1. the last box beats ####
+    ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # 2. the rest of the last #### line
+    ("#### 4\n#### 8 then 9", "8 then 9"),                      #    as written, not a number in it
+    ("#### $18.\n", "$18."),
+    ("####\n18", None),                                         #    an empty #### line: no answer
     (r"I will put it in \boxed{12", None),                      # [ours] a cut-off box is no answer
     (r"\boxed{ }", None),                                       # an empty box is no answer
     (r"put it in \boxed{}. So \boxed{5}", "5"),                 # an empty box is skipped: a real
     (r"\boxed{5}, as asked in \boxed{}", "5"),                  #   one before or after it counts
     (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  #   spacing, math mode: empty too
-    (r"answer in \boxed{}. 3 + 4 = 7", "7"),                    #   as if it were not there at all
+    (r"\boxed{5} or \boxed{6}", "5, 6"),                        # boxes joined to the last: one
+    (r"$\boxed{5}$, $\boxed{6}$ and $\boxed{7}$.", "5, 6, 7"),  #   answer, a list
+    (r"\boxed{5}\quad\text{or}\quad\boxed{6}", "5, 6"),
+    (r"first \boxed{3}, on reflection \boxed{5}", "5"),         # words between: a changed mind
+    (r"\boxed{3} is wrong, so \boxed{5}", "5"),
+    (r"\boxed{\boxed{5}}", "5"),                                # a box in a box is the last box
+    (r"which is $\frac{72}{6}$, or $\boxed{12}$.", "12"),        # MATH restates into its box
+    (r"\boxed{5} or 6", "5"),                                  # outside a box nothing is read
+    # Nothing else pays: the rules for "the answer is" and for the last number are gone
+    ("The answer is 12. Check: 12 + 1 = 13", None),
+    (r"The answer is $\frac{1}{2}$.", None),
+    ("so x = 5 and y = -3", None),
+    (r"answer in \boxed{}. 3 + 4 = 7", None),
     ("no numbers here", None),
     ("", None),
 ])
@@ -76,22 +71,190 @@ def test_extract_answer(text, expected):
 
 
 # -----------------------------------------------------------------------------
+# The cases found paid: each is paid on the grader this replaced and refused now. Each row: a
+# completion and the references it must score 0 against (the grader it replaced paid at least one).
+
+W = "Janet has 6 + 6 = 12 eggs.\n"
+FOUND_PAID = [
+    # several values in one box
+    (r"\boxed{1 \\ 2 \\ 3 \\ 4 \\ 6}", ["6"]),
+    (r"\boxed{5 \lor 6}", ["5", "6"]),
+    (r"\boxed{5 \vee 6}", ["5", "6"]),
+    (r"\boxed{1 \mid 2 \mid 6}", ["1", "6"]),
+    # hedges the list of spellings missed
+    ("The answer is 5 OR 6.", ["5", "6"]),
+    ("The answer is 5, or maybe 6.", ["5", "6"]),
+    ("The answer is 5 (or 6).", ["5", "6"]),
+    ("The answer is 5 apples or 6 apples.", ["5", "6"]),
+    ("The answer is 5\nor 6", ["5", "6"]),
+    (r"\boxed{5}\quad\text{or}\quad\boxed{6}", ["5", "6"]),
+    (r"$\boxed{\frac{\sqrt{3}}{2}}$ or $\boxed{1}$", [r"\frac{\sqrt{3}}{2}", "1"]),
+    # words around a number after "the answer is"
+    ("The answer is not 5; it is 7.", ["5", "7"]),
+    ("The answer is negative 5.", ["5"]),
+    ("The answer is less than 5.", ["5"]),
+    ("The answer is at least 5.", ["5"]),
+    ("The answer is 5 to 6.", ["5", "6"]),
+    ("The answer is between 5 and 6.", ["5", "6"]),
+    ("The answer is 5. Wait, no: 6.", ["5", "6"]),
+    ("#### 5, 6", ["5", "6"]),
+    ("Answer: 5 or 6", ["5", "6"]),
+    (W + "The answer is eleven.", ["11", "12"]),
+]
+
+
+@pytest.mark.parametrize("text, references", FOUND_PAID)
+def test_found_paid_now_scores_zero(text, references, patient):
+    assert [grade(text, r) for r in references] == [0.0] * len(references)
+
+
+def test_one_value_twice_is_no_hedge(patient):
+    # a hedge needs two different values: 5 and 5.0 are one (it was graded 0 as a hedge)
+    assert grade(r"\boxed{5 \text{ or } 5.0}", "5") == 1.0
+    assert grade(r"\boxed{5} or \boxed{5.0}", "5") == 1.0
+    assert grade(r"$\boxed{x+11}$ or $\boxed{11+x}$", "x+11") == 1.0  # equal by math-verify
+
+
+# The same words in the asked format: read as a whole, never a number picked out of them.
+IN_FORMAT = [
+    ("#### not 5; it is 7\n", ["5", "7"]),              # two values: a hedge
+    ("#### negative 5\n", ["5"]),                       # one value, which is no number
+    ("#### less than 5\n", ["5"]),
+    ("#### at least 5\n", ["5"]),
+    ("#### 5 to 6\n", ["5", "6"]),
+    ("#### between 5 and 6\n", ["5", "6"]),
+    ("#### 5. Wait, no: 6.\n", ["5", "6"]),
+    ("#### eleven\n", ["11"]),
+    ("#### 5 OR 6\n", ["5", "6"]),
+    ("#### 5 (or 6)\n", ["5", "6"]),                    # "or" splits inside brackets too
+    ("#### 5 apples or 6 apples\n", ["5", "6"]),
+    (r"\boxed{5 \text{ OR } 6}", ["5", "6"]),
+    (r"\boxed{5, \text{ or maybe } 6}", ["5", "6"]),
+    (r"\boxed{5 (\text{or } 6)}", ["5", "6"]),
+    (r"\boxed{5 \text{,} 6}", ["5", "6"]),
+    (r"\boxed{\text{not } 5}", ["5"]),
+    (r"\boxed{\text{at least } 5}", ["5"]),
+    (r"\boxed{5 \text{ to } 6}", ["5", "6"]),
+    (r"\boxed{5; 6}", ["5", "6"]),
+    (r"\boxed{5 \text{ and } 6}", ["5", "6"]),
+    (r"\boxed{5}, \boxed{6}", ["5", "6"]),
+    (r"\boxed{5} and \boxed{6}", ["5", "6"]),
+    (r"\boxed{\pm 5}", ["5", "-5"]),                    # \pm is two values
+    (r"\boxed{5 \pm 1}", ["4", "6"]),
+    (r"\boxed{5 \mp 1}", ["4", "6"]),
+]
+
+
+@pytest.mark.parametrize("text, references", IN_FORMAT)
+def test_words_in_the_asked_format_are_read_whole(text, references, patient):
+    assert [grade(text, r) for r in references] == [0.0] * len(references)
+
+
+# -----------------------------------------------------------------------------
+# Values: how many an answer offers, against how many the reference holds
+
+@pytest.mark.parametrize("answer, expected", [
+    ("5", ["5"]),
+    ("1,080", ["1,080"]),                                       # thousands separators
+    (r"11,\! 111,\! 100", [r"11,\! 111,\! 100"]),
+    ("1, 080", ["1", "080"]),                                   # a comma and a space: a list
+    ("5,6", ["5", "6"]),
+    (r"1 \\ 2 \\ 6", ["1", "2", "6"]),
+    (r"5 \lor 6", ["5", "6"]),
+    (r"5 \vee 6", ["5", "6"]),
+    (r"1 \mid 6", ["1", "6"]),
+    ("5; 6", ["5", "6"]),
+    ("5 or 6", ["5", "6"]),
+    ("5 AND 6", ["5", "6"]),
+    (r"5 \text{ or } 6", ["5", "6"]),
+    (r"x = 2 \text{ or } x = 3", ["x = 2", "x = 3"]),
+    (r"1 \pm \sqrt{19}", [r"1 + \sqrt{19}", r"1 - \sqrt{19}"]),
+    (r"\pm 3", ["+ 3", "- 3"]),
+    (r"a \mp b", ["a - b", "a + b"]),
+    (r"\frac{1 \pm \sqrt{5}}{2}", [r"\frac{1 + \sqrt{5}}{2}", r"\frac{1 - \sqrt{5}}{2}"]),
+    ("(3, 4)", ["(3, 4)"]),                                     # brackets hold one value
+    (r"\left( 3, \frac{\pi}{2} \right)", [r"\left( 3, \frac{\pi}{2} \right)"]),
+    ("[1, 2)", ["[1, 2)"]),
+    (r"\{1, 2\}", [r"\{1, 2\}"]),
+    (r"\{x \mid x > 0\}", [r"\{x \mid x > 0\}"]),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", [r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"]),
+    (r"(0,9) \cup (9,36)", [r"(0,9) \cup (9,36)"]),
+    (r"\text{Evelyn}", [r"\text{Evelyn}"]),
+    ("OR", ["OR"]),                                             # nothing between separators
+    ("5 or", ["5"]),
+])
+def test_values(answer, expected):
+    assert grader.values(answer) == expected
+
+
+def test_long_answers_are_compared_as_strings():
+    # over MAX_SYMBOLIC_CHARS no value is counted: only the reference's own spelling could pass
+    many = ", ".join(str(i) for i in range(1000))
+    assert grader.judge(many, "5") == "wrong" and grader.judge(many, many) == "correct"
+
+
+@pytest.mark.parametrize("answer, reference, expected", [
+    ("5", "5", "correct"),
+    ("5, 6", "5", "hedge"),
+    ("5, 6", "6", "hedge"),
+    ("5, 6", "5, 6", "correct"),                                # a list against a list: as one
+    ("6, 5", "5, 6", "correct"),
+    ("5, 7", "5, 6", "wrong"),
+    ("5", "5, 6", "wrong"),                                     # fewer values: compared, wrong
+    ("5, 6, 7", "5, 6", "hedge"),
+    ("5, 5, 6", "5, 6", "correct"),                             # the same value twice is one
+    (r"5 \text{ or } 5.0", "5", "correct"),
+    (r"5 \pm 0", "5", "correct"),
+    ("(3, 4)", "(3, 4)", "correct"),
+    ("3, 4", "(3, 4)", "hedge"),                                # [ours] write a pair as a pair
+    (r"1 \pm \sqrt{19}", r"1 \pm \sqrt{19}", "correct"),
+    (r"1 + \sqrt{19}, 1 - \sqrt{19}", r"1 \pm \sqrt{19}", "correct"),
+    (r"1 + \sqrt{19}", r"1 \pm \sqrt{19}", "wrong"),
+    ("3, -3", r"\pm 3", "correct"),
+    (r"\pm 3", "3", "hedge"),
+    # [ours] equations joined by "or" are a set of solutions: as many values as the reference's
+    (r"x = 2 \text{ or } x = 3", "2, 3", "correct"),
+    (r"x = 2 \text{ or } x = 3", r"2 \text{ or } 3", "correct"),
+    (r"x = 2 \text{ or } x = 3", r"x = 2 \text{ or } x = 3", "correct"),
+    (r"x = 2 \text{ or } x = 3", "3, 2", "correct"),
+    (r"x = 2 \text{ or } x = 3", "2", "hedge"),
+    (r"x = 2 \text{ or } x = 3", "2, 4", "wrong"),
+])
+def test_judge_counts_values(answer, reference, expected, patient):
+    assert grader.judge(answer, reference) == expected
+
+
+def test_telling_values_apart_has_a_budget(warm):
+    # Two values sympy cannot tell apart within half the deadline count as different: a hedge, in
+    # under a second, rather than an unbounded wait.
+    t0 = time.perf_counter()
+    assert grader.judge(r"(x+y+z)^{40}, (x+y+z+1)^{40}", "3") == "hedge"
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_hedges_score_zero_and_are_counted():
+    completions = [r"\boxed{5} or \boxed{6}", r"\boxed{5, 6}", r"\boxed{5}", r"\boxed{6}",
+                   "The answer is 5.", r"\boxed{5, 6}"]
+    rewards, stats = score(completions, ["5", "6", "5", "5", "5", "6, 5"])
+    assert rewards == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert stats == {"n": 6, "correct": 2, "no_answer": 1, "hedge": 2, "timeout": 0, "error": 0,
+                     "accuracy": 2 / 6}
+
+
+# -----------------------------------------------------------------------------
 # Truncated completions: only an explicit, finished answer counts
 
 TRUNCATED = [  # (completion cut off at max_new_tokens, its answer when truncated, when not)
     (r"First 3 + 4 = 7, so \boxed{7} is it. Let me double-check: 3", "7", "7"),
     ("3 + 4 = 7\n#### 7\nQuestion: what is", "7", "7"),
-    ("Step 1: 3 + 4 = 7. Step 2: 7 * 2 = 1", None, "1"),              # the last number: a guess
-    ("Step 1: 3 + 4 = 7. Step 2: 7", None, "7"),
-    ("So the answer is 7 if we ignore the second st", None, "7"),      # "the answer is" mid-thought
-    ("The answer is $7$ unless", None, "7"),
-    ("#### 1,0", None, "1"),                                           # the number may be cut
+    ("#### 1,0", None, "1,0"),                                         # the number may be cut
     ("#### 7", None, "7"),                                             #   (7, 75, 7.5, 7/8, ...)
-    ("#### 7 dollars and", None, "7"),                                 #   its line never ended
+    ("#### 7 dollars and", None, "7 dollars and"),                     #   its line never ended
     (r"so \boxed 7", None, "7"),                                       # a brace-less box, the same
     (r"so \boxed 7 and more", "7", "7"),
-    (r"put it in \boxed{}. The answer is 7", None, "7"),              # an empty box is no answer
+    (r"\boxed{5} or \boxed{7} then", "5, 7", "5, 7"),                  # closed boxes, joined
     (r"\boxed{7} and then \boxed{1", None, None),                     # a box cut off mid-answer
+    ("Step 1: 3 + 4 = 7. Step 2: 7", None, None),                     # no answer in the format
     ("", None, None),
 ]
 
@@ -116,14 +279,14 @@ def test_truncation_flag_is_checked():
 
 
 def test_score_with_truncation_flags():
-    completions = ["3 + 4 = 7", "3 + 4 = 7", r"\boxed{7} but wait", "#### 7\nQ", "#### 7"]
+    completions = ["#### 7", r"so \boxed 7", r"\boxed{7} but wait", "#### 7\nQ", "3 + 4 = 7"]
     rewards, stats = score(completions, ["7"] * 5, truncated=[False, True, True, True, True])
     assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0]
-    assert stats == {"n": 5, "correct": 3, "no_answer": 2, "timeout": 0, "error": 0,
+    assert stats == {"n": 5, "correct": 3, "no_answer": 2, "hedge": 0, "timeout": 0, "error": 0,
                      "accuracy": 3 / 5}
     assert score(completions, ["7"] * 5, truncated=None) == score(completions, ["7"] * 5) \
         == score(completions, ["7"] * 5, truncated=[False] * 5)
-    assert score(completions, ["7"] * 5)[0] == [1.0] * 5
+    assert score(completions, ["7"] * 5)[0] == [1.0] * 4 + [0.0]
 
 
 # -----------------------------------------------------------------------------
@@ -133,8 +296,7 @@ RIGHT = [
     # where the answer sits
     (r"\boxed{18}", "18"),
     ("#### 18", "18"),
-    ("The answer is 18.", "18"),
-    ("so she makes 9 * 2 = 18 dollars", "18"),
+    ("9 * 2 = 18 dollars\n#### 18 dollars\n", "18"),
     (r"\fbox{7}", "7"),
     (r"\boxed 7", "7"),
     (r"first \boxed{3}, on reflection \boxed{5}", "5"),
@@ -169,7 +331,7 @@ RIGHT = [
     (r"\boxed{0.1}", "1/10"),                            # exact decimals, exactly
     (r"\boxed{0.1428571}", r"\frac{1}{7}"),              # tolerance: the decimal is a rounded 1/7
     (r"\boxed{1/3}", 0.3333333333333333),                # ... on either side (a float reference)
-    ("27.0", 27.0),                                   # AMC23 stores answers as floats
+    ("#### 27.0", 27.0),                              # AMC23 stores answers as floats
     # LaTeX and symbolic answers, through math-verify
     (r"\boxed{\frac12}", "0.5"),
     (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}"),
@@ -195,11 +357,12 @@ RIGHT = [
     (r"\boxed{(-\infty, 0]}", r"(-\infty,0]"),
     (r"\boxed{x \in [-2,7]}", "[-2,7]"),
     (r"\boxed{3, 5, 7}", "7, 5, 3"),                                    # sets of solutions
+    (r"$\boxed{3}$ and $\boxed{7}$", "3, 7"),                          #   boxed one by one
     (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
     (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}"),                       # \text{}
     (r"\boxed{Evelyn}", r"\text{Evelyn}"),
     (r"\boxed{\text{(C)}}", "C"),
-    (r"The answer is $\frac{1}{2}$.", "0.5"),
+    (r"#### \frac{1}{2}", "0.5"),                                       # LaTeX in a #### line
 ]
 
 WRONG = [
@@ -208,7 +371,7 @@ WRONG = [
     (r"\boxed{1800}", "18"),
     (r"\boxed{18.5}", "18"),
     (r"\boxed{1,000}", "1"),
-    (r"\boxed{1,2}", "12"),                          # a pair, not twelve
+    (r"\boxed{1,2}", "12"),                          # two values, not twelve
     (r"\boxed{0.3333}", "1/3"),                      # outside the relative tolerance
     (r"\boxed{2^3}", "2"),                          # an exponent is not a unit
     (r"\boxed{2^3}", "6"),
@@ -241,6 +404,8 @@ WRONG = [
     ("#### 17\nbut really 18", "18"),
     ("The answer is 17. Check: 18", "18"),
     (r"\boxed{3} then \boxed{5}", "3"),
+    ("The answer is 18.", "18"),                     # no answer in the asked format
+    ("so she makes 9 * 2 = 18 dollars", "18"),
     # no answer at all
     (r"so it is \boxed{18", "18"),                   # cut off inside the box
     (r"\boxed{}", "18"),
@@ -356,20 +521,16 @@ def test_words_after_a_number(answer, reference, expected, patient):
 
 
 @pytest.mark.parametrize("text, reference, expected", [
-    ("The answer is 1.5 million.", "1500000", 1.0),         # was 0: the number was 1.5
-    ("The answer is 1.5 million.", "1.5", 0.0),             # was 1
-    ("#### 2 dozen\n", "24", 1.0),                          # was 0
-    ("The answer is 3 1/2 cups.", "3.5", 1.0),              # was 0: the number was 3
-    ("The answer is 3 1/2 cups.", "3", 0.0),                # was 1
-    ("so she ran 3 1/2", "1/2", 0.0),                       # was 1: the last number was 1/2
-    ("so she ran 3 1/2", "3.5", 1.0),
-    ("so she ran 3\n1/2", "1/2", 1.0),                      # a line break parts two numbers
-    ("3 1/2.5", "1/2.5", 0.0),                              # no mixed number: a decimal follows
-    ("from 5 to 2 hundredths", "2", 1.0),                   # not a scale word
+    ("#### 1.5 million\n", "1500000", 1.0),
+    ("#### 1.5 million\n", "1.5", 0.0),
+    ("#### 2 dozen\n", "24", 1.0),
+    ("#### 3 1/2 cups\n", "3.5", 1.0),
+    ("#### 3 1/2 cups\n", "3", 0.0),
+    ("#### 3 1/2\n", "1/2", 0.0),
+    ("#### 50%\n", "0.5", 1.0),
 ])
-def test_words_after_a_number_in_running_text(text, reference, expected, patient):
-    # extract_answer reads the same scale words and mixed numbers as the fast path, so an answer in
-    # prose is graded as the same answer in a box
+def test_words_after_a_number_in_a_hash_line(text, reference, expected, patient):
+    # the rest of a #### line is read as the same answer in a box
     assert grade(text, reference) == expected
 
 
@@ -441,46 +602,6 @@ def test_warm_up_pairs_are_equal(gold, pred, patient):
     assert grader.compare(pred, gold) == grader.compare(gold, pred) == "correct"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The answer is 12 * 3 = 36.", "36"),             # was 12: the chain's last value
-    ("The answer is 12 x 3 = 36 dollars", "36"),
-    (r"The answer is 5 \times 3 = 15", "15"),
-    ("The answer is $12 * 3 = $36.", "36"),
-    ("The answer is 12 * 3", "12 * 3"),                # no "=": the whole chain, which evaluates
-    ("The answer is 12. Check: 12 + 1 = 13", "12"),
-    ("The answer is 50%.", "50%"),                     # the percent sign belongs to the number
-    ("The answer is $5$ or $6$.", None),               # was 5: a hedge
-    ("The answer is 5 or 6", None),
-    ("The answer is 5 and/or 6.", None),
-    ("The answer is either 5 or 6.", None),
-    (r"\boxed{5} or \boxed{6}", None),                 # two different boxed values
-    (r"$\boxed{5}$ or $\boxed{6}$", None),
-    (r"\boxed{5 \text{ or } 6}", None),
-    (r"The answer is $5 \text{ or } 6$", None),
-    (r"\boxed{5} \text{ or } \boxed{6}", None),
-    (r"\boxed{5} or 6", None),
-    ("#### 5 or 6\n", None),
-    (r"which is $\frac{72}{6}$, or $\boxed{12}$.", "12"),  # restating into a box: MATH's habit
-    (r"so $\boxed{x+11}$ or $\boxed{11+x}$.", "11+x"),     # one value, two spellings
-    (r"The answer is $\frac{72}{6}$ or $12$.", r"\frac{72}{6}"),
-    (r"\boxed{5}, or 5 dollars", "5"),
-    ("The answer is 5 or more.", "5"),
-    (r"\boxed{x = 2 \text{ or } x = 3}", r"x = 2 \text{ or } x = 3"),  # a set of solutions
-    ("It is 5 or 6", "6"),                             # rule 4, the last number, is a guess anyway
-])
-def test_chains_and_hedges(text, expected):
-    assert extract_answer(text) == expected
-
-
-def test_hedges_score_zero_and_count_as_no_answer():
-    completions = ["The answer is 12 * 3 = 36.", "The answer is $5$ or $6$.",
-                   r"\boxed{5} or \boxed{6}", r"\boxed{5}", r"\boxed{6}"]
-    rewards, stats = score(completions, ["12", "5", "6", "5", "5"])
-    assert rewards == [0.0, 0.0, 0.0, 1.0, 0.0]
-    assert stats["no_answer"] == 2 and stats["correct"] == 1
-    assert grade("The answer is 12 * 3 = 36.", "36") == 1.0
-
-
 def test_bad_reference_raises_one_line_value_error():
     for bad in [None, "", "   ", ["18"], True]:
         with pytest.raises(ValueError, match="reference") as e:
@@ -500,8 +621,8 @@ def test_score_counts():
     assert stats["correct"] == 2
     assert stats["no_answer"] == 3                   # "no idea", the cut-off box, ""
     assert stats["accuracy"] == pytest.approx(2 / 6)
-    assert score([], []) == ([], {"n": 0, "correct": 0, "no_answer": 0, "timeout": 0, "error": 0,
-                                  "accuracy": 0.0})
+    assert score([], []) == ([], {"n": 0, "correct": 0, "no_answer": 0, "hedge": 0, "timeout": 0,
+                                  "error": 0, "accuracy": 0.0})
 
 
 def test_score_length_mismatch():
@@ -549,6 +670,12 @@ ADVERSARIAL = {
     "a long arithmetic chain": "The answer is " + "1 + " * 50_000 + "1",
     "many hedges": "The answer is 5" + " or 6" * 30_000,
     "a slow hedge": r"\boxed{(x+y+z)^{40}} or \boxed{(x+y+z+1)^{40}}",
+    "many joined boxes": r"\boxed{3} or " * 20_000 + r"\boxed{4}",
+    "many values": r"\boxed{" + "3, " * 50_000 + "4}",
+    "many values, short": r"\boxed{" + ", ".join(f"x+{i}" for i in range(40)) + "}",
+    "many equal values": r"\boxed{" + ", ".join(["x+1", "1+x"] * 20) + "}",
+    "many plus-minus": r"\boxed{1" + r" \pm 1" * 40 + "}",
+    "a long #### line": "#### " + "3 or " * 50_000,
 }
 
 
@@ -677,6 +804,9 @@ def _fuzz_cases(rng):
             "\\boxed{" + "(x+" * rng.randint(1, 20) + "1" + ")^{9}" * rng.randint(1, 20) + "}",
             "the answer is " * rng.randint(1, 50) + "$" * rng.randint(0, 50) + "7",
         ]
+    for _ in range(200):  # an answer in the format after random text: some pay
+        junk = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 10)))
+        cases += [junk + "\n\\boxed{7}", junk + "\n#### 7\n"]
     line = "".join(rng.choice(_PIECES) for _ in range(20000))                  # a very long line
     cases += [line, line.replace("\n", " "), "\\boxed{" + line + "}", "7 " * 50000]
     return cases
@@ -701,32 +831,6 @@ def test_fuzz_never_raises_and_never_hangs(monkeypatch):
         outcomes[r] += 1  # a KeyError here: a reward that is not 0 or 1
     assert outcomes[1.0] > 0 and outcomes[0.0] > outcomes[1.0]
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-
-
-# -----------------------------------------------------------------------------
-# Python 3.10: no atomic groups or possessive quantifiers (3.11+) in reward.py's patterns
-
-@pytest.mark.parametrize("text, money", [
-    ("$18. She", True), ("$18 each", True), ("$1,000 per", True), ("$18.50, so", True),
-    ("$18.", True), ("$18", True), ("$18$", False), ("$18.5$", False), ("$1,000$", False),
-    ("$18^2$", False), ("$18x$", False), ("$18\\%$", False), ("$18/3$", False), ("$18 + 1$", True),
-    ("$x$", False), ("$ 18", False),
-])
-def test_currency_is_money_not_a_math_span(text, money):
-    # a backtracking pattern would match "$1,000$" as "$1," and "$18.5$" as "$18"; this one must not
-    assert bool(reward._CURRENCY.match(text)) == money
-
-
-@pytest.mark.skipif(sys.version_info < (3, 11),
-                    reason="the atomic-group original needs Python 3.11")
-def test_currency_matches_the_atomic_group_it_replaces():
-    # split in two, so that test_python_versions' scan for 3.11+ patterns does not flag it
-    atomic = re.compile("\\$(?" + ">\\d[\\d,]*(?:\\.\\d+)?)(?![\\d$\\\\^_{}/*+=A-Za-z])")
-    rng = random.Random(0)
-    for _ in range(20000):
-        text = "$" + "".join(rng.choice("12,.$\\^_{}/*+=ax %") for _ in range(rng.randint(0, 8)))
-        ours, theirs = reward._CURRENCY.match(text), atomic.match(text)
-        assert (ours and ours.group(0)) == (theirs and theirs.group(0)), text
 
 
 # -----------------------------------------------------------------------------
@@ -765,8 +869,9 @@ def test_math500_references(patient):
     rows = _jsonl(SHARED / "data/math500/test.jsonl")
     assert len(rows) == 500
     answers = [row["answer"] for row in rows]
-    failures = [a for a in answers if grade(f"\\boxed{{{a}}}", a) != 1.0]
-    _report("MATH-500 answer vs itself", failures, len(answers))
+    failures = [a for a in answers
+                if grade(f"\\boxed{{{a}}}", a) != 1.0 or grade(f"#### {a}\n", a) != 1.0]
+    _report("MATH-500 answer vs itself, boxed and as a #### line", failures, len(answers))
     assert not failures
     # the boxed answer of each worked solution against the answer field
     failures = [(last_boxed(row["solution"]), row["answer"]) for row in rows
