@@ -191,7 +191,7 @@ def schedule_knobs(method):
     spec = d3s.METHODS[method]
     final = spec["schedule"] == "linear"
     knobs = []
-    if spec["sample"] != "none":
+    if spec["sample"] not in ("none", "nonzero"):
         knobs += ["s_init", "s_final"] if final else ["s_init"]
     if spec["token"] != "none" and "t_keep" not in spec:
         knobs += ["t_init", "t_final"] if final else ["t_init"]
