@@ -42,8 +42,9 @@ class Config:
     dataset: str = pick(tiny="tiny", tiny_long="tiny-long", real="gsm8k")  # gsm8k | math | a .jsonl
     data_dir: str = ""              # local copies as NAME/SPLIT.jsonl: gsm8k/train.jsonl ("": hub)
     # the method (docs/algorithm.md, "Named methods"), its loss and their divisor (d3s.divisors)
-    method: str = "d3s"             # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
-                                    # | the random controls d3s-random | d1s-cross-random
+    method: str = "d3s"             # grpo | grpo-filter | pods | d1s | d1s-cross | d2s | d3s
+                                    # | d3s-i | entropy | the controls d3s-entropy | d3s-random
+                                    # | d3s-random-nonzero | d1s-cross-random
     loss: str = "grpo"              # grpo (a ratio per token) | gspo (a ratio per sequence)
     divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept | valid | seq
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
