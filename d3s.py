@@ -5,12 +5,13 @@ paper leaves open, here and at the code.
 
   group_advantages     step 3: A_i = (r_i - mean_g r) / (std_g r + eps), the unbiased std
   select_samples       step 4: max Var(A_S) over the step (cross, D3S) or per group (intra), A not
-                       re-normalised; pods: per group on r, re-normalised ([ours] as step 3); random
+                       re-normalised; pods: per group on r, re-normalised ([ours] as step 3);
+                       nonzero: every A != 0 (DAPO's filter); random, random-nonzero (controls)
   max_variance_subset  the i largest and k - i smallest, O(n log n); [ours] ties go to the fewest
                        zeros, float64 on the CPU. num_keep: round(rho n), at least 1, [ours] half up
   token_scores         step 6: s_{i,t} = |A_i| H_{i,t} (adv_entropy) or H_{i,t} (entropy, 80/20)
   select_tokens        step 6: the top round(rho_t * valid), pooled over the step; [ours] any tie;
-                       random (a control): as many drawn uniformly, no score
+                       random (a control): drawn uniformly, no score, d3s_token_count of them
   keep_ratios          rho(p) = (1 - p) rho_init + p rho_final, p = step / (total_steps - 1), [ours]
                        0 in a one-step run; applied_ratios: the ratios a method really applies
   policy_loss          step 7: sum_i sum_t l_it / d_i, l = -min(w A, clip(w) A) + beta k3; [ours]
@@ -22,23 +23,27 @@ import math
 
 import torch
 
-SAMPLE_MODES = ("none", "cross", "intra", "pods", "random")
+SAMPLE_MODES = ("none", "cross", "intra", "pods", "nonzero", "random", "random-nonzero")
 TOKEN_MODES = ("none", "adv_entropy", "entropy", "random")
 SCHEDULES = ("linear", "constant")
 LOSSES = ("grpo", "gspo")
 SCALES = ("group", "none")
 DIVISORS = ("kept", "valid", "seq")  # divisors(): [ours]; 80/20, DAPO, TRL; GRPO's, GSPO's papers
 METHODS = {  # docs/algorithm.md's named methods, each on GRPO or GSPO (`loss`); entropy: 80/20
-    "grpo":      dict(sample="none",  token="none",        schedule="constant"),  # [ours] "-"
-    "pods":      dict(sample="pods",  token="none",        schedule="constant"),
-    "d1s":       dict(sample="intra", token="none",        schedule="constant"),
-    "d1s-cross": dict(sample="cross", token="none",        schedule="constant"),
-    "d2s":       dict(sample="cross", token="adv_entropy", schedule="constant"),
-    "d3s":       dict(sample="cross", token="adv_entropy", schedule="linear"),
-    "d3s-i":     dict(sample="intra", token="adv_entropy", schedule="linear"),
-    "entropy":   dict(sample="none",  token="entropy",     schedule="constant", t_keep=0.2),
-    "d3s-random":       dict(sample="random", token="random", schedule="linear"),  # [ours] random
-    "d1s-cross-random": dict(sample="random", token="none", schedule="constant"),  # controls
+    "grpo":        dict(sample="none",    token="none",        schedule="constant"),  # [ours] "-"
+    "grpo-filter": dict(sample="nonzero", token="none",        schedule="constant"),  # no A = 0
+    "pods":        dict(sample="pods",    token="none",        schedule="constant"),
+    "d1s":         dict(sample="intra",   token="none",        schedule="constant"),
+    "d1s-cross":   dict(sample="cross",   token="none",        schedule="constant"),
+    "d2s":         dict(sample="cross",   token="adv_entropy", schedule="constant"),
+    "d3s":         dict(sample="cross",   token="adv_entropy", schedule="linear"),
+    "d3s-i":       dict(sample="intra",   token="adv_entropy", schedule="linear"),
+    "entropy":     dict(sample="none",    token="entropy",     schedule="constant", t_keep=0.2),
+    "d3s-entropy": dict(sample="cross",   token="entropy",     schedule="linear"),  # H, not |A| H
+    # [ours] controls: D3S's counts drawn at random, from all rollouts or from those with A != 0
+    "d3s-random":         dict(sample="random",         token="random", schedule="linear"),
+    "d3s-random-nonzero": dict(sample="random-nonzero", token="random", schedule="linear"),
+    "d1s-cross-random":   dict(sample="random",         token="none",   schedule="constant"),
 }
 
 
@@ -101,8 +106,12 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
         # for a left-out -a (a > 0) adds (a/k)(a(1 - 1/k) + 2m) > 0 to the variance for k >= 2, a
         # contradiction. For k = 1 all subsets tie at 0 and the tie-break takes a nonzero.
         idx = max_variance_subset(advantages, num_keep(keep, B))
-    elif mode == "random":
+    elif mode == "nonzero":  # DAPO's filter, without its oversampling: may keep none
+        idx = (advantages != 0).nonzero().view(-1)
+    elif mode in ("random", "random-nonzero"):  # D3S's N drawn uniformly (A != 0 first)
         perm = torch.randperm(B, generator=generator, device=getattr(generator, "device", "cpu"))
+        if mode == "random-nonzero":  # a stable sort keeps each side's random order
+            perm = perm[torch.argsort((advantages.to(perm.device)[perm] == 0).long(), stable=True)]
         idx = perm[: num_keep(keep, B)].sort().values.to(device)
     else:  # intra, pods: the same n in every group, at least 2 so a group keeps a contrast
         n = min(group_size, max(2, num_keep(keep, group_size)))
@@ -124,17 +133,26 @@ def token_scores(advantages, entropy, mode):
     return h if mode == "entropy" else advantages.detach().abs()[:, None] * h
 
 
-def select_tokens(scores, mask, keep, generator=None):
+def select_tokens(scores, mask, keep, generator=None, count=None):
     """Step 6: the top round(keep * valid) scores (at least 1), pooled over every valid position of
-    the step, never a masked one; scores None (random): as many, every set as likely, drawn from
-    `generator`. scores (N, T), mask (N, T) bool -> the kept tokens (N, T) bool."""
-    _check_tokens_args(scores, mask, keep)
+    the step, never a masked one; scores None (random): every set as likely, drawn from `generator`.
+    count: keep min(count, valid) instead. scores (N, T), mask (N, T) bool -> kept (N, T) bool."""
+    _check_tokens_args(scores, mask, keep, count)
     if scores is None:  # i.i.d. uniform scores: every k-set of valid positions is as likely
         scores = torch.rand(mask.shape, generator=generator, dtype=torch.float64,
                             device=getattr(generator, "device", "cpu")).to(mask.device)
     flat = scores.detach().flatten().masked_fill(~mask.flatten(), -math.inf)  # (N*T,)
-    top = flat.topk(num_keep(keep, int(mask.sum()))).indices  # [ours] exact count, ties any way
+    k = num_keep(keep, int(mask.sum())) if count is None else min(count, int(mask.sum()))
+    top = flat.topk(k).indices  # [ours] exact count, ties any way
     return torch.zeros_like(mask).flatten().index_fill(0, top, True).view(mask.shape)
+
+
+def d3s_token_count(rewards, advantages, lengths, group_size, rho_s, rho_t):
+    """[ours] The tokens D3S trains at this step: round(rho_t * the valid tokens of its rollouts).
+    The random controls draw this many, D3S's count, not rho_t of their own rollouts' tokens (a
+    twin's rollouts may be longer or shorter). lengths (B,): each rollout's valid tokens."""
+    idx, _ = select_samples(rewards, advantages, group_size, rho_s, "cross")
+    return num_keep(rho_t, max(1, int(lengths[idx.to(lengths.device)].sum())))
 
 
 def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):
@@ -152,7 +170,7 @@ def applied_ratios(method, rho_s, rho_t):
     token, the 80/20 baseline's fixed t_keep. What a trainer logs: never a ratio left unused."""
     _check_applied_args(method, rho_s, rho_t)
     m = METHODS[method]
-    rho_s = 1.0 if m["sample"] == "none" else rho_s  # every rollout goes on
+    rho_s = 1.0 if m["sample"] in ("none", "nonzero") else rho_s  # all (with A != 0) go on
     rho_t = 1.0 if m["token"] == "none" else rho_t  # every token of a kept rollout is trained
     return float(rho_s), float(m.get("t_keep", rho_t))
 
@@ -280,7 +298,9 @@ def _check_scores_args(advantages, entropy, mode):
     _require(len(entropy) == len(advantages),
              f"entropy has {len(entropy)} rows, must match advantages ({len(advantages)})")
 
-def _check_tokens_args(scores, mask, keep):  # keep: num_keep checks it
+def _check_tokens_args(scores, mask, keep, count):  # keep: num_keep checks it
+    if count is not None:
+        _check_int("count", count, 1)
     scores = mask if scores is None else scores  # random: no score, only the mask to check
     _check_dim("mask" if scores is mask else "scores", scores, 2, "2-D (N, T)")
     _check_shape("mask", mask, scores.shape, "scores", is_bool=True)

@@ -42,8 +42,9 @@ class Config:
     dataset: str = pick(tiny="tiny", tiny_long="tiny-long", real="gsm8k")  # gsm8k | math | a .jsonl
     data_dir: str = ""              # local copies as NAME/SPLIT.jsonl: gsm8k/train.jsonl ("": hub)
     # the method (docs/algorithm.md, "Named methods"), its loss and their divisor (d3s.divisors)
-    method: str = "d3s"             # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
-                                    # | the random controls d3s-random | d1s-cross-random
+    method: str = "d3s"             # grpo | grpo-filter | pods | d1s | d1s-cross | d2s | d3s
+                                    # | d3s-i | entropy | the controls d3s-entropy | d3s-random
+                                    # | d3s-random-nonzero | d1s-cross-random
     loss: str = "grpo"              # grpo (a ratio per token) | gspo (a ratio per sequence)
     divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept | valid | seq
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
@@ -142,7 +143,7 @@ def train(cfg, log=print, given=None):
             kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
             valid = kept.completion_mask  # (N, T)
             token_mask, scores, updates, minibatches = torch.zeros_like(valid), None, [], []
-            if cfg.beta > 0 or bool((adv_kept != 0).any()):  # [ours] else the gradient is exactly 0
+            if len(idx) and (cfg.beta > 0 or bool((adv_kept != 0).any())):  # [ours] else grad = 0
                 # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
                 minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
@@ -154,7 +155,9 @@ def train(cfg, log=print, given=None):
                 token_mask = valid
                 if method["token"] != "none":  # random: no score, a uniform draw from `generator`
                     scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T) or None
-                    token_mask = d3s.select_tokens(scores, valid, rho_t, generator)  # (N, T) bool
+                    count = None if scores is not None else d3s.d3s_token_count(  # D3S's count
+                        rewards, adv, rollouts.lengths, G, rho_s, rho_t)
+                    token_mask = d3s.select_tokens(scores, valid, rho_t, generator, count)
 
                 # 7. K updates (or ceil(N / M)), one per mini-batch of the kept rollouts, shuffled;
                 # the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
@@ -265,15 +268,16 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
         loss.backward()
         share = n_keep / num_tokens  # policy_loss's means are over its own kept tokens
         row = (loss.detach(), st["clipped"], st["signal"], st["ratio_mean"] * share,
-               st.get("kl", loss.new_zeros(())) * share, st["ratio_min"], st["ratio_max"])
+               st.get("kl", loss.new_zeros(())) * share, p.attention_mask.sum(),  # compute
+               st["ratio_min"], st["ratio_max"])
         pieces.append(torch.stack([v.double() for v in row]))
-    table = torch.stack(pieces)  # (micro-batches, 7)
-    loss, clipped, signal, ratio_mean, kl, ratio_min, ratio_max = torch.cat(
-        [table[:, :5].sum(dim=0), table[:, 5].min()[None], table[:, 6].max()[None]]).tolist()
+    table = torch.stack(pieces)  # (micro-batches, 8)
+    loss, clipped, signal, ratio_mean, kl, fwd_bwd, ratio_min, ratio_max = torch.cat(
+        [table[:, :6].sum(dim=0), table[:, 6].min()[None], table[:, 7].max()[None]]).tolist()
     return {"loss": loss, "clipped": int(clipped), "signal": int(signal),
             "clip_frac": clipped / max(signal, 1), "ratio_mean": ratio_mean, "kl": kl,
             "ratio_min": ratio_min, "ratio_max": ratio_max, "tokens": num_tokens,
-            "on_policy": old_logp is None}
+            "fwd_bwd_tokens": int(fwd_bwd), "on_policy": old_logp is None}
 
 
 def make_optimizer(model, cfg):

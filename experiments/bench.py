@@ -106,6 +106,9 @@ Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n),
                    in the steps before "steps to GRPO", mean over seeds
   rollouts, tokens what the loss was computed on (kept rollouts / kept tokens summed over the run),
                    mean over seeds, and as a share of GRPO's
+  tokens fwd+bwd   the compute: every token (prompt and completion) of the kept rollouts that an
+                   update forwarded and back-propagated (log.jsonl's fwd_bwd_tokens), summed over
+                   the run, mean over seeds, and as a share of GRPO's
   zero-var %       the share of the step's zero-variance groups, whose rewards are all equal (all
                    right or all wrong: every advantage 0, nothing to learn), log.jsonl's zero_var,
                    averaged over the run's steps; mean ± interval over seeds. It depends on the
@@ -167,8 +170,8 @@ from machinery.data import load_problems
 from machinery.model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
-STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "valid", "grad_norm",
-               "t_gen", "t_upd", "nonfinite", "updates")
+STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "fwd_bwd_tokens",
+               "valid", "grad_norm", "t_gen", "t_upd", "nonfinite", "updates")
 # train.Config fields bench passes on when given on the command line (the rest: train.py's
 # defaults); the divisor and the mini-batch size where this train.py has them
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int,
@@ -191,7 +194,7 @@ def schedule_knobs(method):
     spec = d3s.METHODS[method]
     final = spec["schedule"] == "linear"
     knobs = []
-    if spec["sample"] != "none":
+    if spec["sample"] not in ("none", "nonzero"):
         knobs += ["s_init", "s_final"] if final else ["s_init"]
     if spec["token"] != "none" and "t_keep" not in spec:
         knobs += ["t_init", "t_final"] if final else ["t_init"]
@@ -503,6 +506,8 @@ def aggregate(results, keys):
             rollouts=round(statistics.mean(sum(s["kept"] for s in r["steps"]) for r in runs)),
             zero_var=None if zero_var is None else pct(mean_ci(zero_var)),
             tokens=round(statistics.mean(sum(s["tokens"] for s in r["steps"]) for r in runs)),
+            fwd_bwd=None if run_means(runs, "fwd_bwd_tokens") is None else round(statistics.mean(
+                sum(s["fwd_bwd_tokens"] for s in r["steps"]) for r in runs)),
             t_gen=round(statistics.mean(s["t_gen"] for r in runs for s in r["steps"]), 2),
             t_upd=round(statistics.mean(s["t_upd"] for r in runs for s in r["steps"]), 2),
             seconds=round(float(seconds[:, -1].mean()), 1),  # all steps: before the last eval
@@ -516,7 +521,8 @@ def versus_grpo(runs, base, steps, curve):
     none = dict(final_diff=None, auc_diff=None, steps_ci=None, reached=None, s_to_grpo=None,
                 sooner=None, sooner_ci=None, sooner_reached=None)
     if base is None:
-        return dict(none, vs_grpo=False, steps_to_grpo=None, rollouts_pct=None, tokens_pct=None)
+        return dict(none, vs_grpo=False, steps_to_grpo=None, rollouts_pct=None, tokens_pct=None,
+                    fwd_bwd_pct=None)
     out = dict(none, vs_grpo=True)
     final = lambda r: r["history"][-1]["accuracy"]  # noqa: E731
     out["steps_to_grpo"] = hit = first_reach(steps, curve["acc_mean"],
@@ -525,7 +531,10 @@ def versus_grpo(runs, base, steps, curve):
         out["s_to_grpo"] = [round(statistics.mean(sum(s[t] for s in r["steps"] if s["step"] < hit)
                                                   for r in runs), 1)
                             for t in ("t_gen", "t_upd")]
-    for name, field in (("rollouts", "kept"), ("tokens", "tokens")):
+    for name, field in (("rollouts", "kept"), ("tokens", "tokens"), ("fwd_bwd", "fwd_bwd_tokens")):
+        if any(field not in s for r in (*runs, *base.values()) for s in r["steps"]):
+            out[f"{name}_pct"] = None  # runs of before the field
+            continue
         ours, grpo = (statistics.mean(sum(s[field] for s in r["steps"]) for r in rs)
                       for rs in (runs, base.values()))
         out[f"{name}_pct"] = round(100 * ours / max(grpo, 1), 1)
@@ -574,7 +583,7 @@ def setting(r):
 def format_table(rows):
     """The markdown table (and nothing else)."""
     def share(n, p):
-        return f"{n}" + ("" if p is None else f" ({p:.1f}%)")
+        return "-" if n is None else f"{n}" + ("" if p is None else f" ({p:.1f}%)")
 
     def steps(r):  # "40 [30, 60]", "not reached [90, never]"
         if not r["vs_grpo"]:
@@ -586,13 +595,13 @@ def format_table(rows):
         return text
 
     lines = ["| method | lr | K | divisor | final acc % | Δ final | AUC % | Δ AUC | steps to GRPO "
-             "| s to GRPO (gen+upd) | rollouts trained | tokens trained | zero-var % | gen s/step "
-             "| upd s/step | total s | runs |",
-             "|" + " --- |" * 17]
+             "| s to GRPO (gen+upd) | rollouts trained | tokens trained | tokens fwd+bwd "
+             "| zero-var % | gen s/step | upd s/step | total s | runs |",
+             "|" + " --- |" * 18]
     for r in rows:
         if not r["runs"]:
-            lines.append(f"| {r['method']} | {setting(r)} | failed "
-                         f"| - | - | - | - | - | - | - | - | - | - | {r['wall']} | {status(r)} |")
+            lines.append(f"| {r['method']} | {setting(r)} | failed " + "| - " * 11
+                         + f"| {r['wall']} | {status(r)} |")
             continue
         s = r["s_to_grpo"]
         seconds = "-" if s is None else f"{s[0] + s[1]:.0f} ({s[0]:.0f}+{s[1]:.0f})"
@@ -600,8 +609,9 @@ def format_table(rows):
             f"| {r['method']} | {setting(r)} | {pm(r['final'])} "
             f"| {pm(r['final_diff'], '+')} | {pm(r['auc'])} | {pm(r['auc_diff'], '+')} "
             f"| {steps(r)} | {seconds} | {share(r['rollouts'], r['rollouts_pct'])} "
-            f"| {share(r['tokens'], r['tokens_pct'])} | {pm(r['zero_var'])} | {r['t_gen']:.2f} "
-            f"| {r['t_upd']:.2f} | {r['wall']} | {status(r)} |")
+            f"| {share(r['tokens'], r['tokens_pct'])} "
+            f"| {share(r.get('fwd_bwd'), r.get('fwd_bwd_pct'))} | {pm(r['zero_var'])} "
+            f"| {r['t_gen']:.2f} | {r['t_upd']:.2f} | {r['wall']} | {status(r)} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@
 #                                        # seconds, the divisor, a fixed mini-batch size, GSPO
 #   bash experiments/study.sh fork-tune  # tiny-fork: each method's lr on seeds 100-101
 #   bash experiments/study.sh fork       # tiny-fork on seeds 0-7, in steps and in GRPO's seconds
+#   bash experiments/study.sh share      # J: the filter baseline, the informative controls, and
+#                                        # the speed-up at every generation share, three worlds
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -146,11 +148,32 @@ fork)
   $BENCH $FORK --methods grpo,d3s,d3s-random --tuned out/study/fork-settings.json --seeds 8 \
       --budget seconds --out out/study/fork
   ;;
+share)
+  # J: what D3S buys where generation dominates, against GRPO and against GRPO that never forwards
+  #    a rollout with A = 0 (grpo-filter), in the three worlds; in tiny and tiny-fork also the
+  #    controls that choose among the informative (d3s-random-nonzero: random rollouts from those
+  #    with A != 0 and random tokens, D3S's counts; d3s-entropy: D3S's rollouts, tokens by H alone)
+  #    and the random twins. Every method at lr 5e-5, K = 4: GRPO's and D3S's tuned setting in tiny
+  #    and tiny-fork, D3S's in tiny-weak (where GRPO's tuned one was its tuning noise, section F);
+  #    the filter and the controls at it, untuned. Evaluated every 5 steps; in GRPO's seconds too;
+  #    then the speed-up at every generation share (experiments/share.py).
+  J="--eval_size all --eval_every 5 --jobs 2 --threads 1 --lr 5e-5 --seeds 8 --steps 60"
+  for world in tiny tiny-fork; do
+    $BENCH --model $world --methods grpo,grpo-filter,d3s,d3s-entropy,d3s-random-nonzero $J \
+        --budget seconds --out out/study/share-$world
+    $BENCH --model $world --methods d3s-random,d1s-cross-random $J \
+        --out out/study/share-$world-twins
+  done
+  $BENCH --model tiny-weak --methods grpo,grpo-filter,d3s $J --budget seconds \
+      --out out/study/share-tiny-weak
+  python experiments/share.py out/study/share-tiny out/study/share-tiny-fork \
+      out/study/share-tiny-weak --out experiments/figures/share.png --json out/study/share.json
+  ;;
 -h|--help)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork"
+  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork|share"
   ;;
 *)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork" >&2
+  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork|share" >&2
   exit 2
   ;;
 esac

@@ -129,6 +129,7 @@ def applied_ratios(cfg):
     s_final, t_final = d3s.applied_ratios(cfg.method, *((cfg.s_init, cfg.t_init) if constant else
                                                          (cfg.s_final, cfg.t_final)))
     why_s = ("it keeps every rollout" if method["sample"] == "none" else
+             "it keeps every rollout with A != 0" if method["sample"] == "nonzero" else
              "it has no schedule, rho_s stays at --s_init")
     why_t = ("it keeps every token" if method["token"] == "none" else
              f"the 80/20 baseline keeps a fixed {method['t_keep']:.0%} of tokens"

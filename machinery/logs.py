@@ -37,10 +37,12 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "step": step, "reward": rewards.mean().item(),
         "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
         "kept": len(kept.texts), "rollouts": len(rewards),
-        "tokens": sum(u["tokens"] for u in applied),  # trained
+        "tokens": sum(u["tokens"] for u in applied),  # trained: in the loss
+        # the compute: every token of the rollouts each update forwarded and back-propagated
+        "fwd_bwd_tokens": sum(u["fwd_bwd_tokens"] for u in updates),
         "valid": int(valid.sum()), "valid_all": int(rollouts.completion_mask.sum()),
         "var_adv": d3s.population_variance(adv), "var_kept": d3s.population_variance(adv_kept),
-        "entropy": kept.entropy[valid].mean().item(),
+        "entropy": kept.entropy[valid].mean().item() if valid.any() else None,  # none kept
         "length": rollouts.lengths.float().mean().item(),
         "truncated": rollouts.truncated.float().mean().item(),
         "no_answer": reward_stats["no_answer"],
@@ -79,9 +81,10 @@ def step_line(r, K):
                                    if r["updates"] < parts or K == 0 else "")
         update += (f" | clip {r['clip_frac']:.3f} ratio {r['ratio_min']:.3f}-{r['ratio_max']:.3f}"
                    if K != 1 else "")
+    entropy = "-" if r["entropy"] is None else f"{r['entropy']:.2f}"  # None: no rollout kept
     return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | "
             f"kept {r['kept']}/{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | "
-            f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {r['entropy']:.2f} | "
+            f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {entropy} | "
             f"len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
             f"gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")
 

@@ -493,7 +493,11 @@ SAMPLE_RULES = {
     "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their "
             "advantages are re-normalised, and the A shown is the full group's. A dropped rollout "
             "never reaches the model again.",
+    "nonzero": "every rollout whose advantage is not 0 (GRPO with DAPO's filter): the rollouts "
+               "of zero-variance groups never reach the model again.",
     "random": "the share ρs of the step's rollouts, at random (a control).",
+    "random-nonzero": "the share ρs of the step's rollouts, at random among those with A ≠ 0 "
+                      "while there are enough (a control).",
 }
 TOKEN_RULES = {
     "none": "every token of a kept rollout (no token selection): nothing is scored or shaded.",
@@ -501,8 +505,8 @@ TOKEN_RULES = {
                    "(advantage times entropy), pooled over the step.",
     "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 "
                "rule), pooled over the step.",
-    "random": "the share ρt of the kept rollouts' tokens, at random (a control): nothing is scored "
-              "or shaded.",
+    "random": "as many of the kept rollouts' tokens as D3S trains at this step, at random (a "
+              "control): nothing is scored or shaded.",
 }
 SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform draw"}  # the shading
 

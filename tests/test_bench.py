@@ -44,7 +44,8 @@ def table_rows(text):
 
 def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5, updates=lambda i: 1):
     return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128,
-             "tokens": tokens, "valid": 2 * tokens, "grad_norm": 1.0, "t_gen": t_gen,
+             "tokens": tokens, "fwd_bwd_tokens": 40 * kept, "valid": 2 * tokens,  # 40 a rollout
+             "grad_norm": 1.0, "t_gen": t_gen,
              "t_upd": t_upd, "nonfinite": 0, "updates": updates(i)}
             for i in range(steps)]
 
@@ -184,7 +185,9 @@ def test_study_table_by_hand(no_training, capsys):
     assert rows["d2s"][5:10] == ["-20.0 ± 24.8", "30.0 ± 0.0", "-10.0 ± 16.4",
                                  "not reached [never, never]", "-"]
     assert rows["d2s"][-1] == "3/3"
-    cells = (rows["grpo"][12], rows["d3s"][12], rows["d3s"][13])
+    # the compute: every kept rollout's 40 tokens forwarded and back-propagated, 20 steps
+    assert rows["grpo"][12] == "102400 (100.0%)" and rows["d3s"][12] == "51200 (50.0%)"
+    cells = (rows["grpo"][13], rows["d3s"][13], rows["d3s"][14])
     assert cells == ("50.0 ± 62.1", "25.0 ± 0.0", "1.00")
     # the plot's curves: seed means, t intervals, paired differences to grpo
     curve = res["curves"]["d3s lr 0.0001 K 1"]
@@ -221,12 +224,12 @@ def test_aggregate_failures_and_no_grpo():
     assert cells["d3s"][4:6] == ["60.0", "+10.0"]
     assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
     assert cells["d2s"][4] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
-    assert len(cells["d2s"]) == len(cells["d3s"]) == 17  # a failed row has every column
+    assert len(cells["d2s"]) == len(cells["d3s"]) == 18  # a failed row has every column
     # runs of before the zero-var column (no zero_var in their steps): "-", not a wrong number
     for step in results[0]["steps"]:
         del step["zero_var"]
     rows, _ = bench.aggregate(results[:2], [("grpo", 1e-4, 1)])
-    assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][12] == "-"
+    assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][13] == "-"
     # without grpo there is nothing to compare with
     rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None
@@ -510,6 +513,8 @@ def test_tuning_k_and_lr_together(no_training, capsys):
 # the random controls as train.py names them: D3S's twin (rollouts, then tokens, drawn uniformly,
 # on D3S's schedule) and D1S-cross's (rollouts only)
 TWINS = {"d3s-random": ("d3s", dict(sample="random", token="random", schedule="linear")),
+         "d3s-random-nonzero": ("d3s", dict(sample="random-nonzero", token="random",
+                                            schedule="linear")),
          "d1s-cross-random": ("d1s-cross",
                               dict(sample="random", token="none", schedule="constant"))}
 
@@ -525,7 +530,9 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path, twins):
     knobs = {"grpo": [], "pods": ["s_init"], "d1s": ["s_init"], "d1s-cross": ["s_init"],
              "d2s": ["s_init", "t_init"], "d3s": ["s_init", "s_final", "t_init", "t_final"],
              "d3s-i": ["s_init", "s_final", "t_init", "t_final"],
-             "entropy": []}  # entropy keeps its fixed t_keep 0.2
+             "entropy": [],  # entropy keeps its fixed t_keep 0.2
+             "grpo-filter": [],  # every rollout with A != 0: no ratio
+             "d3s-entropy": ["s_init", "s_final", "t_init", "t_final"]}
     # a random mode reads its ratio like the mode it stands in for
     knobs.update({name: knobs[twin] for name, (twin, _) in TWINS.items()})
     assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == knobs

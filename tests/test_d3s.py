@@ -238,6 +238,64 @@ def test_random_rollouts_match_cross_counts_and_are_uniform():
     assert chi_square(counts, torch.full((32,), expected)) < 85
     assert chi_square(torch.tensor([draws] * 8 + [0.0] * 24), torch.full((32,), expected)) > 1e4
 
+def test_filter_keeps_exactly_the_rollouts_with_nonzero_advantage():
+    """grpo-filter (DAPO's filter, no oversampling): every rollout with A != 0 and no other, in
+    order, A as it is; a step of zero-variance groups only keeps none."""
+    r = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 0])  # G = 4: mixed, all right, mixed
+    a = d3s.group_advantages(r, 4)
+    idx, kept_a = d3s.select_samples(r, a, 4, 0.3, "nonzero")
+    assert idx.tolist() == [0, 1, 2, 3, 8, 9, 10, 11] and torch.equal(kept_a, a[idx])
+    assert d3s.select_samples(torch.zeros(8), torch.zeros(8), 4, 1.0, "nonzero")[0].numel() == 0
+    assert d3s.applied_ratios("grpo-filter", 0.3, 0.4) == (1.0, 1.0)  # no ratio: all with A != 0
+
+
+def test_random_nonzero_draws_d3s_count_from_the_informative_first():
+    """d3s-random-nonzero: D3S's N, drawn uniformly among the rollouts with A != 0 while there are
+    enough (every one as likely: a chi-square), then all of those plus zeros drawn at random."""
+    r = torch.tensor([1.0, 0, 0, 0] + [1.0] * 4 + [0.0, 1, 1, 0] + [0.0] * 4)  # 8 of 16: A != 0
+    a = d3s.group_advantages(r, 4)
+    nonzero = set((a != 0).nonzero().view(-1).tolist())
+    gen, counts, draws = torch.Generator().manual_seed(2), torch.zeros(16), 3000
+    for _ in range(draws):
+        idx, kept_a = d3s.select_samples(r, a, 4, 0.25, "random-nonzero", gen)  # N = 4 of 8
+        assert len(idx) == 4 and set(idx.tolist()) <= nonzero and torch.equal(kept_a, a[idx])
+        counts[idx] += 1
+    # df 7: the 1e-6 tail starts near 40; always the same 4 would score 3000
+    assert chi_square(counts[sorted(nonzero)], torch.full((8,), draws / 2)) < 40
+    idx = d3s.select_samples(r, a, 4, 0.75, "random-nonzero", gen)[0]  # N = 12: all 8, 4 zeros
+    assert len(idx) == 12 and nonzero <= set(idx.tolist())
+
+
+def test_d3s_token_count_is_what_d3s_trains_hand_computed():
+    """The random controls train D3S's count: round(rho_t * valid tokens of D3S's rollouts)."""
+    r = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])  # A = 1.5, -0.5 x3, then 0 x4
+    a = d3s.group_advantages(r, 4)
+    lengths = torch.tensor([10, 20, 30, 40, 50, 60, 70, 80])
+    # rho_s 0.25: N = 2, the max-variance pair 1.5 and a -0.5: rollout 0 and the first of 1-3
+    idx = d3s.select_samples(r, a, 4, 0.25, "cross")[0]
+    assert idx.tolist()[0] == 0 and len(idx) == 2
+    expected = int(0.5 * (10 + lengths[idx[1]].item()) + 0.5)
+    assert d3s.d3s_token_count(r, a, lengths, 4, 0.25, 0.5) == expected
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    assert d3s.select_tokens(None, mask, 0.1, torch.Generator().manual_seed(0), 7).sum() == 7
+    assert d3s.select_tokens(None, mask, 0.1, torch.Generator().manual_seed(0), 99).sum() == 15
+    with pytest.raises(ValueError, match="count must be an integer >= 1"):
+        d3s.select_tokens(None, mask, 0.1, None, 0)
+
+
+def test_d3s_entropy_ranks_tokens_by_h_not_by_a_times_h():
+    """d3s-entropy: D3S's rollouts, its ratios, tokens by H alone. Two rollouts whose |A| differ
+    by 4: |A| H keeps the large-|A| rollout's tokens, H the most uncertain tokens."""
+    assert d3s.METHODS["d3s-entropy"] == dict(sample="cross", token="entropy", schedule="linear")
+    A = torch.tensor([2.0, -0.5])
+    H = torch.tensor([[0.3, 0.25, 0.1], [0.9, 0.8, 0.0]])
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    by_ah = d3s.select_tokens(d3s.token_scores(A, H, "adv_entropy"), mask, 1 / 3)  # 2 of 6
+    by_h = d3s.select_tokens(d3s.token_scores(A, H, "entropy"), mask, 1 / 3)
+    assert by_ah.tolist() == [[True, True, False], [False, False, False]]  # 0.6, 0.5 > 0.45
+    assert by_h.tolist() == [[False, False, False], [True, True, False]]   # 0.9, 0.8
+
+
 # -----------------------------------------------------------------------------
 # token selection
 
@@ -330,7 +388,8 @@ def test_applied_ratios_by_hand():
     # the 80/20 baseline's fixed 0.2 of tokens, the scheduled value where the method selects
     want = {"grpo": (1.0, 1.0), "pods": (0.4, 1.0), "d1s": (0.4, 1.0), "d1s-cross": (0.4, 1.0),
             "d2s": (0.4, 0.3), "d3s": (0.4, 0.3), "d3s-i": (0.4, 0.3), "entropy": (1.0, 0.2),
-            "d3s-random": (0.4, 0.3), "d1s-cross-random": (0.4, 1.0)}  # their twins' ratios
+            "d3s-random": (0.4, 0.3), "d1s-cross-random": (0.4, 1.0),  # their twins' ratios
+            "grpo-filter": (1.0, 1.0), "d3s-entropy": (0.4, 0.3), "d3s-random-nonzero": (0.4, 0.3)}
     assert {m: d3s.applied_ratios(m, 0.4, 0.3) for m in d3s.METHODS} == want
     assert d3s.applied_ratios("entropy", 0.4, 0.9) == (1.0, 0.2)  # fixed, whatever the schedule
     assert d3s.applied_ratios("d3s", 1, 1) == (1.0, 1.0)
@@ -562,10 +621,12 @@ def test_methods_table():
         "d3s": ("cross", "adv_entropy"),
         "d3s-i": ("intra", "adv_entropy"), "entropy": ("none", "entropy"),
         "d3s-random": ("random", "random"), "d1s-cross-random": ("random", "none"),
+        "grpo-filter": ("nonzero", "none"), "d3s-entropy": ("cross", "entropy"),
+        "d3s-random-nonzero": ("random-nonzero", "random"),
     }
     assert {m: (c["sample"], c["token"]) for m, c in d3s.METHODS.items()} == expected
     schedules = {m: c["schedule"] for m, c in d3s.METHODS.items()}
-    linear = ("d3s", "d3s-i", "d3s-random")
+    linear = ("d3s", "d3s-i", "d3s-random", "d3s-entropy", "d3s-random-nonzero")
     assert schedules == {m: ("linear" if m in linear else "constant") for m in expected}
     assert d3s.METHODS["entropy"]["t_keep"] == 0.2
     for c in d3s.METHODS.values():
@@ -617,7 +678,7 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.select_samples(R4, A4, 3, 0.5, "cross"),
      r"not a positive multiple of group_size=3"),
     (lambda: d3s.select_samples(R4, A4, 2, 0.5, "top"),
-     r"mode must be one of none, cross, intra, pods, random; got 'top'"),
+     r"mode must be one of none, cross, intra, pods, nonzero, random, random-nonzero; got 'top'"),
     (lambda: d3s.select_samples(R4, A4[:3], 2, 0.5, "cross"),
      r"advantages has shape \(3,\), must match rewards \(4,\)"),
     (lambda: d3s.select_samples(R4, A4, 2, 0.5, "pods", scale="x"),
@@ -651,7 +712,7 @@ M = torch.ones(2, 3, dtype=torch.bool)
     (lambda: d3s.keep_ratios(0, 5, "linear", 0.2, 0.8, 0.2, -1),
      r"t_final must be in \(0, 1\], got -1"),
     (lambda: d3s.applied_ratios("d4s", 0.5, 0.5),
-     r"method must be one of grpo, pods, .*, d1s-cross-random; got 'd4s'"),
+     r"method must be one of grpo, grpo-filter, pods, .*, d1s-cross-random; got 'd4s'"),
     (lambda: d3s.applied_ratios("d3s", 0.0, 0.5), r"rho_s must be in \(0, 1\], got 0.0"),
     (lambda: d3s.applied_ratios("grpo", 0.5, 1.5), r"rho_t must be in \(0, 1\], got 1.5"),
     (lambda: d3s.population_variance(A4.view(2, 2)), r"x must be 1-D \(n,\), got shape \(2, 2\)"),

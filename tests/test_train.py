@@ -55,7 +55,9 @@ def test_steps_change_the_model_and_write_log_config_checkpoint(tmp_path, tiny_d
 APPLIED = {"grpo": (1.0, 1.0, 1.0, 1.0), "pods": (0.25, 0.25, 1.0, 1.0), "d1s": (0.25, 0.25, 1.0, 1.0),
            "d1s-cross": (0.25, 0.25, 1.0, 1.0), "d2s": (0.25, 0.25, 0.2, 0.2), "d3s": (0.25, 0.75, 0.2, 0.6),
            "d3s-i": (0.25, 0.75, 0.2, 0.6), "entropy": (1.0, 1.0, 0.2, 0.2),
-           "d3s-random": (0.25, 0.75, 0.2, 0.6), "d1s-cross-random": (0.25, 0.25, 1.0, 1.0)}
+           "d3s-random": (0.25, 0.75, 0.2, 0.6), "d1s-cross-random": (0.25, 0.25, 1.0, 1.0),
+           "grpo-filter": (1.0, 1.0, 1.0, 1.0), "d3s-entropy": (0.25, 0.75, 0.2, 0.6),
+           "d3s-random-nonzero": (0.25, 0.75, 0.2, 0.6)}
 
 
 @pytest.mark.parametrize("loss, K", [("grpo", 1), ("gspo", 2)])
@@ -64,8 +66,11 @@ def test_every_method_keeps_what_its_schedule_says(tmp_path, tiny_dir, loss, K):
     no update is non-finite; config.json records the ratios the method applies (1 where it keeps
     everything, the 80/20 baseline's 0.2, init = final without a schedule); every step applies the
     schedule's ratios and keeps exactly round(rho_s * B) rollouts (pooled), max(2, round(rho_s * G)) per
-    group (intra, pods) or all, and round(rho_t * valid) tokens or all."""
+    group (intra, pods), every rollout with A != 0 (the filter) or all, and round(rho_t * valid)
+    tokens or all; the random controls train D3S's count of tokens (one seed: step 0's rollouts
+    are the same for every method)."""
     assert set(APPLIED) == set(d3s.METHODS)
+    first = {}  # step 0's row of each method
     for method, ratios in APPLIED.items():
         _, _, run_dir = run(tmp_path, method, tiny_dir, method=method, loss=loss, updates_per_batch=K, steps=2,
                             eval_size=2, eval_every=0, save_every=0)
@@ -77,13 +82,18 @@ def test_every_method_keeps_what_its_schedule_says(tmp_path, tiny_dir, loss, K):
             assert (r["rho_s"], r["rho_t"]) == pytest.approx((rho_s, rho_t)) and r["nonfinite"] == 0, method
             kept = {"none": 16, "cross": d3s.num_keep(rho_s, 16), "intra": 4 * max(2, d3s.num_keep(rho_s, 4)),
                     "pods": 4 * max(2, d3s.num_keep(rho_s, 4)),
-                    "random": d3s.num_keep(rho_s, 16)}[spec["sample"]]
+                    "random": d3s.num_keep(rho_s, 16), "random-nonzero": d3s.num_keep(rho_s, 16),
+                    "nonzero": round(16 * (1 - r["zero_var"]))}[spec["sample"]]
             assert r["kept"] == kept, (method, r["step"])
-            if r["updates"] == K:  # every mini-batch had something to learn: all the kept tokens were trained
+            first.setdefault(method, r)
+            if r["updates"] == K and spec["token"] != "random":  # all the kept tokens were trained
                 assert r["tokens"] == (r["valid"] if spec["token"] == "none" else d3s.num_keep(rho_t, r["valid"]))
         # the selection page shades tokens by their score only where the method scores them
         page = json.load(open(run_dir / "selection" / "step_000001.json"))
         assert (page["score"] is None) == (spec["token"] in ("none", "random")), method
+    for twin in ("d3s-random", "d3s-random-nonzero"):
+        if first[twin]["updates"] == first["d3s"]["updates"] == K:
+            assert first[twin]["tokens"] == first["d3s"]["tokens"], twin
 
 
 BAD = [
@@ -473,7 +483,8 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     ro = Rollouts(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 3,
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
-    stats = dict(loss=0.1, clipped=0, signal=4, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0)
+    stats = dict(loss=0.1, clipped=0, signal=4, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0,
+                 fwd_bwd_tokens=7)
     updates = [{**stats, "tokens": 4, "on_policy": True, "grad_norm": 2.0, "applied": True, "nonfinite": 0,
                 "zero_grad": 0},
                {**stats, "tokens": 2, "on_policy": False, "grad_norm": 0.0, "applied": False, "nonfinite": 0,
@@ -484,6 +495,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
             {"no_answer": 0})
     row = step_record(*args, updates)
     assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
+    assert row["fwd_bwd_tokens"] == 21  # the compute of all three: forwarded, applied or not
     from machinery.logs import step_line
     line = step_line(dict(row, t_gen=0, t_upd=0, kept=4), 4)  # 4 mini-batches: one had nothing to learn
     assert "updates 1/4 (1 no signal, 1 zero grad, 1 non-finite)" in line
@@ -558,7 +570,7 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
     base = dict(loss=0.1, ratio_mean=1.0, kl=0.0, ratio_min=0.5, ratio_max=1.5, on_policy=False, grad_norm=1.0,
-                applied=True, nonfinite=0, zero_grad=0)
+                applied=True, nonfinite=0, zero_grad=0, fwd_bwd_tokens=0)
     updates = [dict(base, tokens=100, clipped=1, signal=10, clip_frac=0.1),
                dict(base, tokens=10, clipped=3, signal=10, clip_frac=0.3)]
     row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),

@@ -381,3 +381,24 @@ def test_minibatch_size_and_random_controls_replay_exactly(tmp_path, tiny_dir):
 
 def test_tiny_worlds_are_known():
     assert "tiny" in tiny.WORLDS and tiny.world_of("tiny") == "tiny" and tiny.world_of("Qwen2.5-0.5B") is None
+
+
+def test_filter_forwards_only_the_rollouts_with_a_signal(tmp_path, tiny_dir):
+    """grpo-filter against GRPO on the same step 0 (one seed: the same rollouts). It keeps exactly
+    the rollouts of the mixed groups, puts every one of their tokens in the loss, and forwards and
+    back-propagates those rollouts alone, prompt and completion, where GRPO forwards all B. Tiny's
+    prompts all have one length L, so each count is exact by hand."""
+    kw = dict(SMALL, steps=1, prompts_per_step=8, group_size=4, seed=3)
+    for m in ("grpo", "grpo-filter"):
+        train.train(train.Config(model=tiny_dir, method=m, out_dir=str(tmp_path / m), **kw),
+                    log=lambda *a: None)
+    g, f = rows(tmp_path / "grpo")[0], rows(tmp_path / "grpo-filter")[0]
+    assert g["reward"] == f["reward"] and g["valid_all"] == f["valid_all"]  # the same rollouts
+    assert 0 < g["zero_var"] < 1  # some groups carry no signal, some do
+    _, tokenizer = load_model(tiny_dir)
+    prompt = format_prompt(tokenizer, load_problems("tiny", "train", limit=1)[0]["prompt"])
+    L = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert g["kept"] == 32 and g["fwd_bwd_tokens"] == 32 * L + g["valid_all"]
+    assert f["kept"] == round(32 * (1 - g["zero_var"])) < 32
+    assert f["tokens"] == f["valid"] < g["valid_all"]  # every token of a kept rollout is trained
+    assert f["fwd_bwd_tokens"] == f["kept"] * L + f["valid"]
