@@ -113,7 +113,8 @@ def coin_flip_score():
     def score(texts, references, truncated=None):
         calls.append(1)
         return coin_flips(len(texts), len(calls)), {"n": len(texts), "correct": 0, "no_answer": 0,
-                                                    "timeout": 0, "error": 0, "accuracy": 0.0}
+                                                    "hedge": 0, "timeout": 0, "error": 0,
+                                                    "accuracy": 0.0}
     return score
 
 

@@ -45,7 +45,7 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "entropy": kept.entropy[valid].mean().item() if valid.any() else None,  # none kept
         "length": rollouts.lengths.float().mean().item(),
         "truncated": rollouts.truncated.float().mean().item(),
-        "no_answer": reward_stats["no_answer"],
+        "no_answer": reward_stats["no_answer"], "hedge": reward_stats["hedge"],  # both score 0
         "loss": sum(u["loss"] for u in updates) / len(updates) if updates else 0.0,
         "losses": [u["loss"] for u in updates], "updates": len(applied),
         "no_signal": not updates,  # the update was skipped: nothing to learn (NO_SIGNAL)

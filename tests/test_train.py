@@ -492,7 +492,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
                {**stats, "tokens": 3, "on_policy": False, "grad_norm": math.inf, "applied": False, "nonfinite": 1,
                 "zero_grad": 0}]
     args = (0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
-            {"no_answer": 0})
+            {"no_answer": 0, "hedge": 0})
     row = step_record(*args, updates)
     assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
     assert row["fwd_bwd_tokens"] == 21  # the compute of all three: forwarded, applied or not
@@ -574,5 +574,5 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
     updates = [dict(base, tokens=100, clipped=1, signal=10, clip_frac=0.1),
                dict(base, tokens=10, clipped=3, signal=10, clip_frac=0.3)]
     row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
-                      {"no_answer": 0}, updates)
+                      {"no_answer": 0, "hedge": 0}, updates)
     assert row["clip_frac"] == 0.2  # a weighted mean of the shares would give (0.1 * 100 + 0.3 * 10) / 110
