@@ -62,7 +62,7 @@ class Config:
     updates_per_batch: int = 4      # K updates per step, one per mini-batch (K > 1: the clip acts)
     minibatch_size: int = 0         # or M rollouts per update, ceil(kept / M) updates (0: K)
     optimizer: str = "adamw"        # adamw | sgd (momentum 0.9)
-    lr: float = pick(tiny=5e-5, real=1e-6, lora_tiny=5e-4, lora_real=1e-5)  # constant; tiny: study
+    lr: float = pick(tiny=5e-5, real=1e-6, lora_tiny=5e-4, lora_real=1e-5)  # constant (tiny: tuned)
     grad_clip: float = 1.0          # clip the gradient norm to this (0: off)
     clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low (gspo: GSPO's own)
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high (gspo: GSPO's own)
