@@ -362,9 +362,10 @@ def grad_scaler(optimizer, device, dtype):
     scaler = torch.amp.GradScaler(device.type,
                                   enabled=autocast_dtype(device, dtype) == torch.float16)
     if scaler.is_enabled():
+        def load_scale(opt, state):  # a copy of trainer.pt's: the scale is taken off it
+            if "scaler" in state:  # (a checkpoint of a run without float16 has none)
+                scaler.load_state_dict(state.pop("scaler"))
         optimizer.register_state_dict_post_hook(
             lambda opt, state: {**state, "scaler": scaler.state_dict()})
-        optimizer.register_load_state_dict_pre_hook(
-            lambda opt, state: scaler.load_state_dict(state.pop("scaler")) if "scaler" in state
-            else None)
+        optimizer.register_load_state_dict_pre_hook(load_scale)
     return scaler
