@@ -9,7 +9,7 @@ Evaluate a model on the paper's math benchmarks: greedy pass@1, or avg@n and pas
 The D3S paper reports Pass@1 and Pass@8 on AIME24, AIME25, AMC23, GSM8K, MATH, Minerva and
 OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model argument goes through
 model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32
-weights, bf16 autocast on a GPU of compute capability 8.0 or later), and train.py's held-out
+weights, autocast on a GPU: bf16 from compute capability 8.0, else float16), and train.py's held-out
 accuracy is evaluate() below: on the same rows (--limit = train.py's --eval_size) and
 --max_new_tokens, eval.py's accuracy equals train.py's bit for bit on a CPU in float32. On a GPU
 under bf16 autocast, results change with batch shape, and train.py generates in batches of its
@@ -236,8 +236,8 @@ def parse_args(argv=None):
                         "the table goes to the same stem + .json")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto",
-                   help="auto (float32 weights, bf16 autocast on a GPU of compute capability 8.0+, "
-                        "as in train.py), float32, bfloat16, float16")
+                   help="auto (float32 weights, autocast on a GPU: bf16 on compute capability "
+                        "8.0+, else float16; as in train.py), float32, bfloat16, float16")
     p.add_argument("--seed", type=int, default=0, help="seeds sampling, per benchmark")
     return p.parse_args(argv)
 
@@ -322,8 +322,8 @@ def run(args):
     settings = {k: getattr(args, k)
                 for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit", "seed",
                           "batch_size", "dtype")}
-    cast = " + bf16 autocast" if models.autocast_enabled(device, args.dtype) else ""
-    print(f"model {args.model} | {device} {weights}{cast} | "
+    cast = models.autocast_dtype(device, args.dtype)  # the dtype forward passes run in, or None
+    print(f"model {args.model} | {device} {weights}{f' + {cast} autocast' if cast else ''} | "
           f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}",
           flush=True)
     for b, rows in benchmarks.items():

@@ -24,7 +24,8 @@ from eval import evaluate
 from machinery.config import main, pick
 from machinery.data import batch_at, format_prompt, load_problems
 from machinery.logs import Stopwatch, step_record
-from machinery.model import autocast, disable_dropout, load_model, weight_dtype
+from machinery.model import (adapters_off, autocast, disable_dropout, grad_scaler, load_model,
+                             reference_model, with_lora)
 from machinery.run import Run
 from reward import score
 from rollout import completion_hidden, generate_groups, head_logprobs, micro_batches
@@ -58,22 +59,23 @@ class Config:
     group_size: int = 8             # G rollouts per prompt (B = P * G)
     max_new_tokens: int = pick(tiny=32, tiny_long=64, real=512)  # cut-off rollouts: docs/grading.md
     temperature: float = 1.0        # sampling; log-probs and entropy use softmax(logits / T) too
-    # the update
+    # the update (lora_: LoRA's lr, ~10x full fine-tuning's: LoRA Without Regret, Schulman 2025)
     updates_per_batch: int = 4      # K updates per step, one per mini-batch (K > 1: the clip acts)
     minibatch_size: int = 0         # or M rollouts per update, ceil(kept / M) updates (0: K)
     optimizer: str = "adamw"        # adamw | sgd (momentum 0.9)
-    lr: float = pick(tiny=5e-5, real=1e-6)  # constant (tiny: tuned in the study; real: a start)
+    lr: float = pick(tiny=5e-5, real=1e-6, lora_tiny=5e-4, lora_real=1e-5)  # constant (tiny: tuned)
     grad_clip: float = 1.0          # clip the gradient norm to this (0: off)
     clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low (gspo: GSPO's own)
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high (gspo: GSPO's own)
     beta: float = 0.0               # k3 KL to the initial model (0: no reference model is kept)
+    lora_rank: int = 0              # LoRA's rank: only its adapters train (0: every weight trains)
     # speed and memory: none of these changes what is computed (beyond float rounding)
     micro_batch_size: int = pick(tiny=128, real=16)  # kept rollouts per forward/backward
     gen_batch_size: int = 0         # rollouts per generate call (0: all at once)
     generation: str = "prefix"      # KV cache: prefix (a prompt's, once for its G) | plain | static
     logprob_chunk: int = 4096       # positions per lm_head chunk: never all (B, T, V) logits
     gradient_checkpointing: bool = False  # trade compute for activation memory on big models
-    dtype: str = "auto"             # auto (bf16 autocast on a GPU of 8.0+) | float32 | bfloat16
+    dtype: str = "auto"             # auto (autocast on a GPU) | float16 | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same every time
     eval_every: int = 25  # steps between evaluations (also at step 0 and the end; 0: only those)
@@ -93,18 +95,18 @@ def train(cfg, log=print, given=None):
         cfg, device = run.cfg, run.device
         method, G = d3s.METHODS[cfg.method], cfg.group_size
 
-        ctx = partial(autocast, device, cfg.dtype)  # [ours] --dtype auto: bf16 autocast on a GPU
+        ctx = partial(autocast, device, cfg.dtype)  # [ours] --dtype auto: autocast on a GPU
         train_set = load_problems(cfg.dataset, "train", data_dir=cfg.data_dir or None)
         eval_set = load_problems(cfg.dataset, "test", data_dir=cfg.data_dir or None)[:cfg.eval_size]
-        model, tokenizer = load_model(run.weights, device=device, dtype=weight_dtype(cfg.dtype))
-        ref_model = None  # the frozen initial model, for the KL term
-        if cfg.beta > 0:
-            ref_model = load_model(cfg.model, device=device, dtype=weight_dtype(cfg.dtype))[0]
-            ref_model.eval().requires_grad_(False)
+        model, tokenizer = load_model(run.weights, device, cfg.dtype, lora=cfg.lora_rank > 0)
+        if run.state is None:  # fresh: LoRA's adapters (rank 0: none), a LoRA --model merged first
+            model = with_lora(model, cfg.lora_rank, cfg.model, cfg.seed)
+        ref_model = reference_model(model, cfg, device)  # the KL term's frozen initial model
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         disable_dropout(model).train()  # [ours] no dropout: the ratio compares the policy to itself
         optimizer = make_optimizer(model, cfg)
+        scaler = grad_scaler(optimizer, device, cfg.dtype)  # float16's gradient scaler, else off
         run.begin(model, tokenizer, optimizer, train_set, eval_set)  # config.json, the first lines
 
         for step in range(run.start, cfg.steps + 1):
@@ -164,10 +166,10 @@ def train(cfg, log=print, given=None):
                 for i, mb in enumerate(minibatches):
                     with fb:
                         u = run.fit(backward, model, kept, mb, adv_kept, token_mask,
-                                    old_logp if i else None, cfg, ctx, ref_model)
+                                    old_logp if i else None, cfg, ctx, ref_model, scaler)
                     if u is not None:  # None: nothing to learn in this mini-batch, no update
                         # once a weight moves, a signal waits for the step's end (run.end_step)
-                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"]))
+                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"], scaler))
                         updates.append(u)
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
 
@@ -223,7 +225,7 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
     return (logp if K > 1 else None), (entropy if select else None)
 
 
-def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None):
+def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None, scaler=None):
     """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens,
     divided by --divisor's d_i, and its gradient, accumulated micro-batch by micro-batch. old_logp
     None: the policy has not moved since it sampled (K = 1, or the step's first mini-batch), so the
@@ -259,13 +261,13 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
                     logp = logp + rest
             ref_logp = None
             if ref_model is not None:  # the frozen initial policy, for the k3 KL term
-                with torch.no_grad():
+                with torch.no_grad(), adapters_off(ref_model):  # LoRA: the base (model.py)
                     ref = completion_hidden(ref_model, p.input_ids, p.attention_mask, p.start)
                     ref_logp = head_logprobs(ref_model, ref, targets, keep, *head)[0]
         loss, st = d3s.policy_loss(logp, old, adv[p.rows], keep, div[p.rows], loss=cfg.loss,
                                    eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
                                    ref_logp=ref_logp, beta=cfg.beta, seq_mask=seq)
-        loss.backward()
+        (scaler.scale(loss) if scaler else loss).backward()  # float16: scaled, none underflows
         share = n_keep / num_tokens  # policy_loss's means are over its own kept tokens
         row = (loss.detach(), st["clipped"], st["signal"], st["ratio_mean"] * share,
                st.get("kl", loss.new_zeros(())) * share, p.attention_mask.sum(),  # compute
@@ -281,26 +283,30 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
 
 
 def make_optimizer(model, cfg):
-    """AdamW (no weight decay) or SGD with momentum 0.9, fused: one kernel over all parameters."""
+    """AdamW (no weight decay) or SGD with momentum 0.9, fused, over the weights that train."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, fused=True)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, fused=True)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, fused=True)
 
 
-def optimizer_step(model, optimizer, grad_clip, loss):
+def optimizer_step(model, optimizer, grad_clip, loss, scaler):
     """Clip the gradient norm and step. Not applied, and not counted as an update: a NaN/inf loss or
-    gradient, or [ours] a gradient of exactly 0 (every token with a gradient was clipped), on which
-    AdamW's moments would still move the weights. -> {grad_norm, applied, nonfinite, zero_grad}"""
+    gradient (float16: an inf one of a finite loss is the scaler's skip), or [ours] a gradient of
+    exactly 0 (all its tokens clipped), on which AdamW's moments would still move the weights."""
+    scaler.unscale_(optimizer)  # float16: the true gradient, before the clip (else a no-op)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                           grad_clip if grad_clip > 0 else math.inf).item()
     nonfinite, zero = not (math.isfinite(loss) and math.isfinite(norm)), norm == 0.0
-    if nonfinite:  # the step line counts these too
+    skip = nonfinite and math.isfinite(loss) and scaler.is_enabled()  # float16: scale too high
+    if nonfinite and not skip:  # the step line counts these too
         print(f"warning: a non-finite loss ({loss}) or gradient; this update is not applied")
-    elif not zero:
+    elif not (nonfinite or zero):
         optimizer.step()
+    scaler.update()  # float16: halved after a skip, doubled after 2000 steps without one
     optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": norm, "applied": not (nonfinite or zero), "nonfinite": int(nonfinite),
-            "zero_grad": int(zero)}  # the step line counts the updates not applied, and says why
+    return {"grad_norm": norm, "applied": not (nonfinite or zero), "zero_grad": int(zero),
+            "nonfinite": int(nonfinite and not skip), "scaler_skip": int(skip)}  # in the step line
 
 
 def held_out(model, tokenizer, eval_set, cfg, ctx, stop=None):

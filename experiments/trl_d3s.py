@@ -85,8 +85,12 @@ What is not the same as train.py:
     micro-batch, which filler rows and the kept subset would change.
   - TRL's own `entropy` metric averages over its loss mask, the kept tokens; d3s/entropy is
     train.py's.
-  - With --use_vllm, TRL passes vLLM no stop tokens: it stops at the model's own eos only (for a
-    base Qwen2.5, <|endoftext|>, not <|im_end|>). Never run here.
+  - With --use_vllm, vLLM loads the model from its files, blind to the stop ids set in memory:
+    main passes them (<|im_end|> and the eos ids) as SamplingParams' stop_token_ids, through
+    GRPOConfig's generation_kwargs. vLLM itself was never run here.
+  - The commands above run one update per rollout batch (K = 1: steps_per_generation =
+    gradient_accumulation_steps, num_iterations 1); train.py runs K = 4. TRL's --num_iterations 4
+    would make four updates each on the whole batch, not one on each of four mini-batches.
   - TRL's own no-grad passes that run before rewards exist (old log-probs for vLLM's importance
     correction or num_iterations > 1, reference log-probs when beta > 0) still see every rollout.
   - Prompts come in TRL's order (its sampler, shuffled with --seed), not train.py's; there is no
@@ -398,6 +402,19 @@ def correctness_reward(stop_ids):
     return correct
 
 
+def stop_at_the_turns_end(model, tokenizer, config):
+    """A completion ends at its turn's end, <|im_end|>, or an eos id (rollout.stop_token_ids), with
+    either sampler. TRL's own generate reads model.generation_config, set here (TRL counts these ids
+    as eos too). vLLM loads the model from its files and never sees it: TRL hands
+    --generation_kwargs to vLLM's SamplingParams (colocate mode) or to the server's request (server
+    mode), so the ids go there as stop_token_ids, unless the command line set those."""
+    ids = stop_token_ids(model, tokenizer)
+    model.generation_config.eos_token_id = ids
+    if config.use_vllm:
+        config.generation_kwargs = {"stop_token_ids": ids, **(config.generation_kwargs or {})}
+    return ids
+
+
 @dataclass
 class ScriptArguments:
     model: str = field(default="Qwen/Qwen2.5-0.5B", metadata={
@@ -423,11 +440,11 @@ def main(argv=None):
         # float32 weights: with --bf16 (TRL's default) the forward runs in bf16 autocast, as
         # train.py on a GPU
         model, tokenizer = load_model(script.model, device="cpu", dtype="float32")
-    model.generation_config.eos_token_id = stop_token_ids(model, tokenizer)  # + <|im_end|>
+    stop_ids = stop_at_the_turns_end(model, tokenizer, config)
     dataset = Dataset.from_list([{"prompt": format_prompt(tokenizer, row["prompt"]),
                                   "answer": str(row["answer"])} for row in rows])
     trainer = D3STrainer(model=model,
-                         reward_funcs=correctness_reward(set(stop_token_ids(model, tokenizer))),
+                         reward_funcs=correctness_reward(set(stop_ids)),
                          args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)  # checkpoint-N, or None
     trainer.save_model(config.output_dir)

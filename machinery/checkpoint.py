@@ -6,12 +6,14 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
     held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
 
-RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it) plus
-trainer.pt: the next step to run, the optimizer state, the held-out evaluations so far and the count
-of trained tokens (and tiny.json for a tiny-world run: its world). There is no random state in it:
-every random number of step s (the samples, the `random` control, the mini-batch shuffle) is drawn
-from seeds derived from (--seed, s) (train.py), so a resumed step s draws exactly what the
-uninterrupted one drew, whatever moment the run stopped at (bit for bit on a CPU in float32).
+RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it; a LoRA
+run's holds PEFT's adapters, adapter_config.json naming their base, which model.load_model loads)
+plus trainer.pt: the next step to run, the optimizer state (with float16's gradient scale), the
+held-out evaluations so far and the count of trained tokens (and tiny.json for a tiny-world run).
+There is no random state in it: every random number of step s (the samples, the `random` control,
+the mini-batch shuffle) is drawn from seeds derived from (--seed, s) (train.py), so a resumed step s
+draws exactly what the uninterrupted one drew, whatever moment the run stopped at (bit for bit on a
+CPU in float32).
 The save is written to checkpoint.tmp, flushed to disk, only then marked complete (trainer.pt) and
 swapped in through checkpoint.old: one complete checkpoint exists at every instant, also across a
 power cut. A hard crash after a periodic save may leave log.jsonl ahead of the checkpoint: trim_log
@@ -23,6 +25,8 @@ import os
 import shutil
 
 import torch
+
+from machinery.model import is_lora
 
 try:
     import fcntl  # POSIX
@@ -52,7 +56,8 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     final, tmp, old = (os.path.join(run_dir, name)
                        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    # LoRA: the adapters alone (their embeddings never train: PEFT need not look for a vocabulary)
+    model.save_pretrained(tmp, **({"save_embedding_layers": False} if is_lora(model) else {}))
     tokenizer.save_pretrained(tmp)
     if world is not None:
         with open(os.path.join(tmp, "tiny.json"), "w") as f:
@@ -145,8 +150,10 @@ def load(run_dir):
         raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier "
                          f"train.py run")
     finish_swap(run_dir)
+    weights = "adapter_config.json" if os.path.isfile(os.path.join(ckpt, "adapter_config.json")) \
+        else "config.json"  # LoRA's adapters, or a whole model
     for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"),
-                 os.path.join(ckpt, "config.json")):
+                 os.path.join(ckpt, weights)):
         if not os.path.isfile(need):
             raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing "
                              f"(it has no finished checkpoint yet); start it again with "

@@ -8,7 +8,8 @@ the command line. train.py says what each knob is; this file says how a value re
 Where a value comes from, in this order:
   1. the command line (--lr 2e-6), or the knobs a caller of train.train() passes as `given`;
   2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one
-     value per kind of run on that same line, the first of these keys it has: a tiny world's own
+     value per kind of run on that same line, the first of these keys it has: under --lora_rank > 0
+     those two with `lora_` before them (lora_tiny=5e-4, lora_real=1e-5), a tiny world's own
      (tiny_long=64), `tiny` for the tiny worlds or `real` for a real model, the loss (`grpo` /
      `gspo`, by --loss), the method (`method_` and its name, method_d1s_cross=...: the prefix keeps
      method grpo apart from loss grpo), else its first value (named `default` where no kind of run
@@ -48,11 +49,12 @@ def pick(**values):
     return dataclasses.field(default=next(iter(values.values())), metadata={"pick": values})
 
 
-def picked(field, world, loss, method):
+def picked(field, world, loss, method, lora=False):
     """The value of a pick() knob for a run on tiny world `world` (None: a real model) with `loss`
-    and `method` (the docstring has the order)."""
+    and `method`, with LoRA adapters or not (the docstring has the order)."""
     values = field.metadata["pick"]
-    for key in ((world or "").replace("-", "_"), "tiny" if world else "real", loss,
+    kinds = ((world or "").replace("-", "_"), "tiny" if world else "real")
+    for key in (*(("lora_" + k for k in kinds) if lora else ()), *kinds, loss,
                 "method_" + method.replace("-", "_")):
         if key in values:
             return values[key]
@@ -72,7 +74,8 @@ def resolve(cfg, given=None):
     world = tiny.world_of(cfg.model)
     if cfg.loss not in d3s.LOSSES:  # before the loss chooses the clip range
         raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
-    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss, cfg.method)
+    cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss, cfg.method,
+                                                     cfg.lora_rank > 0)
                                       for f in dataclasses.fields(cfg)
                                       if "pick" in f.metadata and f.name not in given})
     if cfg.minibatch_size > 0:  # M rollouts per update set the updates: K is recorded as 0
@@ -172,8 +175,10 @@ def check(cfg):
          f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
     must(cfg.optimizer in ("adamw", "sgd"),
          f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    must(cfg.dtype in ("auto", "float32", "bfloat16"),
-         f"--dtype must be auto, float32 or bfloat16, got {cfg.dtype!r}")
+    must(cfg.dtype in ("auto", "float32", "bfloat16", "float16"),
+         f"--dtype must be auto, float32, bfloat16 or float16, got {cfg.dtype!r}")
+    must(cfg.lora_rank >= 0,
+         f"--lora_rank must be at least 0 (0: every weight trains), got {cfg.lora_rank}")
     must(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
          f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
 

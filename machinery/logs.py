@@ -20,8 +20,9 @@ import d3s
 def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates, **extra):
     """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). `updates`
     are the mini-batches that had something to learn; `updates` in the row counts those applied as
-    optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite),
-    and `tokens` their kept tokens. clip_frac is the clipped share of the step's kept tokens with a
+    optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite;
+    nor, under float16, those float16's gradient scaler skipped: scaler_skips), and `tokens` their
+    kept tokens. clip_frac is the clipped share of the step's kept tokens with a
     gradient (A != 0), counted over all its updates; the ratio and KL means are weighted by each
     update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update was
     skipped)."""
@@ -51,6 +52,7 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "no_signal": not updates,  # the update was skipped: nothing to learn (NO_SIGNAL)
         "zero_grad": sum(u["zero_grad"] for u in updates),
         "nonfinite": sum(u["nonfinite"] for u in updates),
+        "scaler_skips": sum(u["scaler_skip"] for u in updates),  # float16: an inf gradient
         "grad_norm": sum(norms) / len(norms) if norms else None,
         "clip_frac": sum(u["clipped"] for u in updates) / max(sum(u["signal"] for u in updates), 1),
         "ratio": mean("ratio_mean", 1.0), "kl": mean("kl", 0.0),
@@ -74,7 +76,7 @@ def step_line(r, K):
         # the mini-batches: K, or one a rollout when fewer were kept; K = 0: --minibatch_size's
         parts = r.get("minibatches", min(K, r["kept"]))
         why = {"no signal": parts - len(r["losses"]), "zero grad": r["zero_grad"],
-               "non-finite": r["nonfinite"]}
+               "non-finite": r["nonfinite"], "scaler skip": r["scaler_skips"]}
         why = ", ".join(f"{n} {w}" for w, n in why.items() if n)
         grad = "-" if r["grad_norm"] is None else f"{r['grad_norm']:.2f}"
         update = f"grad {grad}" + (f" | updates {r['updates']}/{parts}" + f" ({why})" * bool(why)

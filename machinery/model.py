@@ -3,31 +3,46 @@ Models: turn the --model argument of train.py and eval.py into (model, tokenizer
 load_model, so that training and evaluation can never load a checkpoint in two different ways.
 
     load_model("tiny")                       # machinery/tiny.py's offline world, in out/tiny
-    load_model("out/d3s-tiny/checkpoint")    # a folder written by save_pretrained
+    load_model("out/d3s-tiny/checkpoint")    # a folder by save_pretrained (or LoRA's adapters)
     load_model("Qwen2.5-Math-1.5B")          # a short name -> the hub id Qwen/Qwen2.5-Math-1.5B
     load_model("Qwen/Qwen2.5-0.5B-Instruct") # a hub id, as is
     disable_dropout(model)                   # [ours] a forward is a function of the weights alone
+    with_lora(model, 16, "Qwen2.5-1.5B")     # --lora_rank 16: PEFT's LoRA adapters, the base frozen
 
 The argument is read in this order: "tiny"; an existing folder; a short name from ALIASES; a hub id
 ("org/name"). Anything that cannot be loaded is a one-line ValueError that says what to do instead.
 
---dtype means the same in train.py and eval.py, through the two helpers below:
+--dtype means the same in train.py and eval.py, through the helpers below:
 
-    model, tok = load_model(name, device, dtype)  # weights: weight_dtype(dtype), "auto" is float32
-    with autocast(device, dtype):                 # bf16 forward passes where "auto" allows them
+    model, tok = load_model(name, device, weight_dtype(dtype, device, lora))
+    with autocast(device, dtype):                 # bf16 or float16 forward passes where they help
         ...generate, score, evaluate...
+    scaler = grad_scaler(optimizer, device, dtype)  # float16 only: the gradient scaler
 
-"auto" [ours]: float32 weights everywhere, and forward passes under bfloat16 autocast on a CUDA GPU
-with bf16 hardware, compute capability 8.0 or more (A100, A10, L4, RTX 30xx/40xx, H100; float32 on
-a CPU, and on a T4 or V100, which have no bf16 tensor cores: bf16_capable). Training needs the
-float32 weights: bf16 has an 8-bit mantissa and rounds away most updates of size lr * grad ~ 1e-6.
+"auto" [ours]: float32 weights everywhere, and forward passes under autocast on a CUDA GPU: bf16 on
+a GPU with bf16 hardware, compute capability 8.0 or more (A100, A10, L4, RTX 30xx/40xx, H100);
+float16 on one without (a T4 or V100, which have float16 tensor cores but no bf16: bf16_capable),
+with a gradient scaler; float32 on a CPU. "float16": float16 autocast and its scaler on any device,
+the CPU included (where it is slow: it exists to test the T4's path). Training needs the float32
+weights: bf16 has an 8-bit mantissa and rounds away most updates of size lr * grad ~ 1e-6.
 Evaluation uses the same, so that eval.py and train.py's held-out accuracy run the same arithmetic
-and give the same number (bit for bit on a CPU; on a GPU under bf16 only up to the rounding that
-changes with batch shape). "float32", "bfloat16" and "float16" load the weights in that dtype and
-never autocast (bf16 weights halve the memory of a big model, at the cost of that rounding).
+and give the same number (bit for bit on a CPU; on a GPU under autocast only up to the rounding
+that changes with batch shape). "float32" and "bfloat16" load the weights in that dtype and never
+autocast (bf16 weights halve the memory of a big model, at the cost of that rounding).
+
+LoRA (--lora_rank r > 0, Hu et al. 2021): PEFT's adapters of rank r on every
+linear layer of each decoder layer (LORA_TARGETS), the rest frozen. The frozen base never trains,
+so on a GPU it is held in the autocast dtype (bf16, or float16 without bf16: what autocast would
+cast it to at every forward anyway), in float32 on a CPU; the adapters, their gradients and AdamW's
+moments in float32. The model stays PEFT's PeftModel: rollout.py, the sampler and eval.py use it as
+any model. A LoRA checkpoint holds the adapters (adapter_config.json, adapter_model.safetensors)
+and names its base; load_model loads that base and puts the adapters on it.
 """
 import contextlib
+import json
 import os
+import sys
+import warnings
 
 import torch
 from safetensors import SafetensorError
@@ -73,20 +88,23 @@ def hub_id(name):
     return None
 
 
-def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out"):
+def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=False):
     """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in
     `dtype`.
 
     device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
-    dtype: the weights' dtype, weight_dtype(dtype): "auto" (float32; run forward passes inside
-    autocast(device, "auto") for bf16 speed on a GPU), "float32", "bfloat16", "float16" or a
-    torch.dtype. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
+    dtype: --dtype, the weights in weight_dtype(dtype, device, lora): "auto" and "float16" float32
+    (run forward passes inside autocast(device, dtype) for speed on a GPU) unless lora: the frozen
+    base of LoRA adapters on a GPU in the autocast dtype; "float32", "bfloat16" or a torch.dtype as
+    is. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
     """
     # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
     hf_logging.disable_progress_bar()
     device = _device(device)
-    dtype = weight_dtype(dtype, device)
+    dtype = weight_dtype(dtype, device, lora)
     source, is_folder = _resolve(str(name_or_path), cache_dir)
+    if is_folder and os.path.isfile(os.path.join(source, ADAPTERS)):
+        return _load_adapters(source, device, dtype, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -110,9 +128,10 @@ def _resolve(name, cache_dir):
         tiny.world(name)  # an unknown world is a one-line error
         return tiny.pretrained(os.path.join(cache_dir, name), name=name), True
     if os.path.isdir(name):
-        if not os.path.isfile(os.path.join(name, "config.json")):
+        if not any(os.path.isfile(os.path.join(name, f)) for f in ("config.json", ADAPTERS)):
             raise ValueError(f"model folder {name} has no config.json; pass a folder written by "
-                             f"save_pretrained (config.json, weights, tokenizer files)")
+                             f"save_pretrained (config.json, weights, tokenizer files; or LoRA's "
+                             f"{ADAPTERS}, its weights and tokenizer files)")
         return name, True
     if "/" not in name:
         alias = hub_id(name)
@@ -173,21 +192,125 @@ def disable_dropout(model):
 
 
 # -----------------------------------------------------------------------------
-# What --dtype means: the weights' dtype, and whether forward passes autocast to bf16
+# LoRA: adapters on the frozen base, through PEFT (imported only when a run asks for them)
+
+ADAPTERS = "adapter_config.json"  # what marks a folder of LoRA adapters (PEFT's save_pretrained)
+# every linear layer of a decoder layer (Qwen2, Llama): LoRA Without Regret (Schulman et al. 2025)
+# found attention-only adapters behind full fine-tuning, all layers level with it
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# [ours] LoRA Without Regret's fixed alpha = 32, PEFT's scale alpha / r: the best lr barely moves
+# with the rank, so one --lr serves every --lora_rank
+LORA_ALPHA = 32
 
 
-def weight_dtype(dtype, device=None):
-    """The torch dtype to load the weights in for --dtype: "auto" is float32 on every device.
+def _peft(why):
+    try:
+        import peft
+    except ImportError:
+        raise ValueError(f"{why} needs peft: pip install peft") from None
+    return peft
 
-    device is accepted so that callers can pass what they pass to autocast(); it does not change
-    the answer (on a GPU, "auto" gets its bf16 speed from autocast, not from bf16 weights).
-    """
+
+def is_lora(model):
+    """Is the model PEFT's, with adapters? (No PeftModel exists before peft is imported.)"""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def with_lora(model, rank, base, seed=0):
+    """The model a fresh run trains: any adapters it carries (a LoRA checkpoint passed as --model)
+    merged into their base [ours: the run starts from that policy, and its KL reference is that
+    policy too], then for rank > 0 fresh adapters of that rank with the rest frozen (rank 0: every
+    weight trains). base: the --model argument, recorded in adapter_config.json so that a checkpoint
+    names the base its adapters belong to. PEFT initialises B = 0, so the policy starts exactly as
+    the base, and A at random: [ours] from `seed` (--seed), not from whatever torch's generator
+    holds, so that one seed gives one run."""
+    if is_lora(model):  # W + (alpha / r) B A, once, in the base's dtype; every weight trains again
+        model = model.merge_and_unload().requires_grad_(True)
+    if rank == 0:
+        return model
+    peft = _peft("--lora_rank")
+    # task_type: PEFT's causal-LM wrapper, whose generate hands it the generation_config that the
+    # sampler sets (machinery/sampling.py), not the checkpoint's
+    config = peft.LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                             target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+    with quiet(), torch.random.fork_rng(devices=[]):  # PEFT draws A on the CPU, then moves it
+        torch.manual_seed(seed)
+        model = peft.get_peft_model(model, config)  # the adapters in float32 on a bf16/fp16 base
+    model.peft_config["default"].base_model_name_or_path = _base_name(base)
+    return model
+
+
+@contextlib.contextmanager
+def quiet():
+    """[ours] PEFT 0.21 asks transformers 5 a question it deprecated (is_gradient_checkpointing):
+    a FutureWarning on every run, noise to whoever runs it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        yield
+
+
+def _base_name(name, cache_dir="out"):
+    """What a checkpoint's adapter_config.json names as its base: the folder (absolute, so that
+    a run folder can move) or the hub id that --model resolves to."""
+    source, is_folder = _resolve(str(name), cache_dir)
+    return os.path.abspath(source) if is_folder else source
+
+
+def _load_adapters(folder, device, dtype, cache_dir):
+    """A folder of LoRA adapters: the base it names (loaded as --model would be, its own adapters
+    merged in, if it is a LoRA checkpoint too), then these adapters on it, trainable (a resumed run
+    trains them on)."""
+    peft = _peft(f"{folder} holds LoRA adapters: loading them")
+    with open(os.path.join(folder, ADAPTERS)) as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{folder}/{ADAPTERS} names no base model (base_model_name_or_path); "
+                         f"set it to the folder or hub id the adapters were trained on")
+    try:
+        model = with_lora(load_model(base, device, dtype, cache_dir)[0], 0, base)
+    except ValueError as e:
+        raise ValueError(f"the base model of the LoRA adapters in {folder}: {e}") from None
+    with quiet():
+        model = peft.PeftModel.from_pretrained(model, folder, is_trainable=True)
+    return model.to(device), AutoTokenizer.from_pretrained(folder)
+
+
+def reference_model(model, cfg, device):
+    """The frozen initial policy of the KL term, or None without one (--beta 0). With LoRA the
+    policy itself: train.backward runs it inside adapters_off, which leaves the base it started
+    from, with no second copy. Else a second copy of --model, loaded as the policy was (a LoRA
+    checkpoint's adapters merged)."""
+    if cfg.beta == 0:
+        return None
+    if is_lora(model):
+        return model
+    ref = with_lora(load_model(cfg.model, device, cfg.dtype)[0], 0, cfg.model)
+    return ref.eval().requires_grad_(False)
+
+
+def adapters_off(model):
+    """The context in which a LoRA policy computes as its frozen base (PEFT's disable_adapter);
+    nothing for any other model."""
+    return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
+
+
+# -----------------------------------------------------------------------------
+# What --dtype means: the weights' dtype, the autocast dtype of forward passes, the gradient scaler
+
+
+def weight_dtype(dtype, device=None, lora=False):
+    """The torch dtype to load the weights in for --dtype on device: "auto" and "float16" are
+    float32 (the master weights that train: autocast gets the speed), except a LoRA base on a GPU
+    (lora=True), which never trains: the autocast dtype (bf16, or float16 on a GPU without bf16)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == "auto":
-        return torch.float32
-    if dtype not in DTYPES:
+    if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
+    if dtype in ("auto", "float16"):
+        if lora and device is not None and torch.device(device).type == "cuda":
+            return autocast_dtype(device, dtype)
+        return torch.float32
     return DTYPES[dtype]
 
 
@@ -199,22 +322,50 @@ def bf16_capable(capability):
     return tuple(capability) >= (8, 0)
 
 
-def autocast_enabled(device, dtype, capability=None):
-    """True when forward passes should run under bf16 autocast: --dtype auto on a CUDA device with
-    bf16 hardware (bf16_capable). capability: the device's (major, minor); None asks torch for the
-    requested device's (torch.device("cuda") is the current one), so that tests can decide without a
-    GPU."""
+def autocast_dtype(device, dtype, capability=None):
+    """The dtype forward passes autocast to for --dtype on device, or None: "float16" anywhere;
+    "auto" on a CUDA device, bf16 with bf16 hardware (bf16_capable), else float16. capability: the
+    device's (major, minor); None asks torch for the requested device's (torch.device("cuda") is the
+    current one), so that tests can decide without a GPU."""
     device = torch.device(device)
+    if dtype == "float16":
+        return torch.float16
     if dtype != "auto" or device.type != "cuda":
-        return False
+        return None
     if capability is None:
         capability = torch.cuda.get_device_capability(device)
-    return bf16_capable(capability)
+    return torch.bfloat16 if bf16_capable(capability) else torch.float16
+
+
+def autocast_enabled(device, dtype, capability=None):
+    """True when forward passes run under autocast (autocast_dtype is not None)."""
+    return autocast_dtype(device, dtype, capability) is not None
 
 
 def autocast(device, dtype):
-    """The context to run forward passes in for --dtype on device: bf16 autocast where
-    autocast_enabled says so, else nothing (weights and activations stay in the weights' dtype)."""
-    if autocast_enabled(device, dtype):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """The context to run forward passes in for --dtype on device: autocast to autocast_dtype, or
+    nothing (weights and activations stay in the weights' dtype)."""
+    cast = autocast_dtype(device, dtype)
+    if cast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=cast)
+
+
+def grad_scaler(optimizer, device, dtype):
+    """torch.amp.GradScaler for float16 autocast; off (every call a no-op) otherwise. float16's
+    5-bit exponent flushes a gradient below 6e-8 to 0, so backward runs on the loss times a scale
+    (2**16 at first), train.optimizer_step divides it out before the clip, and a step whose scaled
+    gradient overflowed to inf or NaN is skipped and the scale halved (torch's AMP recipe; bf16 has
+    float32's exponent and needs none). [ours] The scale rides in the optimizer's state_dict, so
+    trainer.pt holds it and a resumed run continues with the same scale."""
+    device = torch.device(device)
+    scaler = torch.amp.GradScaler(device.type,
+                                  enabled=autocast_dtype(device, dtype) == torch.float16)
+    if scaler.is_enabled():
+        def load_scale(opt, state):  # a copy of trainer.pt's: the scale is taken off it
+            if "scaler" in state:  # (a checkpoint of a run without float16 has none)
+                scaler.load_state_dict(state.pop("scaler"))
+        optimizer.register_state_dict_post_hook(
+            lambda opt, state: {**state, "scaler": scaler.state_dict()})
+        optimizer.register_load_state_dict_pre_hook(load_scale)
+    return scaler

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from machinery import checkpoint, config, plots
 import train
@@ -28,9 +29,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def trained(run_dir):
-    """What a run left: its rows (the compared fields), its evaluations and its final weights."""
+    """What a run left: its rows (the compared fields), its evaluations and its final weights (a LoRA run's:
+    its adapters)."""
     history = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["history"]
-    return [{k: r[k] for k in COMPARED} for r in rows(run_dir)], history, weights(run_dir / "checkpoint")
+    ckpt = run_dir / "checkpoint"
+    final = load_file(ckpt / "adapter_model.safetensors") if (ckpt / "adapter_config.json").exists() else \
+        weights(ckpt)
+    return [{k: r[k] for k in COMPARED} for r in rows(run_dir)], history, final
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def uninterrupted(tiny_dir, tmp_path_factory):
     return trained(run_dir)
 
 
-def stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop=KeyboardInterrupt):
+def stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop=KeyboardInterrupt, kw=KW):
     """Run KW with train.<fn> wrapped: on its call number `when` (1-based), send this process SIGINT (a real
     signal, through the run's handler) or raise `stop` (an exception nothing catches: a hard crash). Then
     resume and return what the run left, and the step of the checkpoint the stop left."""
@@ -57,7 +62,7 @@ def stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop=KeyboardIn
     run_dir = tmp_path / "cut"
     monkeypatch.setattr(train, name, wrapped)
     with pytest.raises((KeyboardInterrupt, RuntimeError)):
-        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=lambda *a: None)
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **kw), log=lambda *a: None)
     monkeypatch.undo()
     stopped_at = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"]
     train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
@@ -663,3 +668,26 @@ def test_a_second_signal_after_the_interrupts_save_exits_with_the_first_signals_
     assert e.type is SystemExit and e.value.code == 143  # SIGTERM's, the first
     assert f"python train.py --resume {run_dir}" in capfd.readouterr().err + "".join(said)
     assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 0
+
+
+# ----------------------------------------------------------------------------- LoRA and float16 resume exactly
+
+
+@pytest.mark.parametrize("extra", [dict(lora_rank=4), dict(dtype="float16"), dict(lora_rank=4, beta=0.1)],
+                         ids=["lora", "float16", "lora-kl"])
+@pytest.mark.parametrize("name, when, stop", [("optimizer_step", 1, KeyboardInterrupt),
+                                              ("held_out", 4, RuntimeError)], ids=["signal", "crash"])
+def test_a_lora_or_float16_run_resumes_bit_for_bit(tmp_path, tiny_dir, monkeypatch, extra, name, when, stop):
+    """A LoRA run (its adapters, their AdamW moments; with a KL term, the base under them as the reference) and
+    a float16 run (its gradient scale, in trainer.pt) stopped inside a batch's updates, or crashed after the
+    checkpoint of step 2 and resumed from it: every row, evaluation and weight as the run never stopped."""
+    kw = {**KW, **extra}
+    full = tmp_path / "full"
+    train.train(train.Config(model=tiny_dir, out_dir=str(full), **kw), log=lambda *a: None)
+    got, stopped_at, run_dir = stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop, kw)
+    assert stopped_at == (2 if stop is RuntimeError else next(r["step"] for r in rows(full) if r["losses"]) + 1)
+    same_run(got, trained(full))
+    assert any(r["updates"] for r in rows(full))
+    scales = [torch.load(d / "checkpoint" / "trainer.pt", weights_only=False)["optimizer"].get("scaler")
+              for d in (full, run_dir)]
+    assert scales[0] == scales[1] and (scales[0] is not None) == (extra.get("dtype") == "float16")

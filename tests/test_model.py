@@ -1,6 +1,10 @@
-"""model.load_model: every kind of --model argument, and a one-line ValueError for each bad one."""
+"""model.load_model: every kind of --model argument, and a one-line ValueError for each bad one; what --dtype
+means (float16 too); LoRA's adapters."""
+import json
+import math
 import os
 import shutil
+import sys
 import time
 
 import pytest
@@ -8,7 +12,8 @@ import torch
 
 from machinery import tiny
 from machinery import model
-from machinery.model import autocast, autocast_enabled, bf16_capable, hub_id, load_model, weight_dtype
+from machinery.model import (adapters_off, autocast, autocast_dtype, autocast_enabled, bf16_capable,
+                              grad_scaler, hub_id, load_model, weight_dtype, with_lora)
 
 
 def _same_weights(a, b):
@@ -109,13 +114,29 @@ def test_bad_device_and_dtype(tiny_dir):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", torch.device("cuda", 0)])
 def test_auto_weights_are_float32_on_every_device(device):
-    # bf16 weights would round away updates of 1e-6; "auto" gets bf16 speed from autocast instead
+    # bf16 weights would round away updates of 1e-6; "auto" gets bf16 speed from autocast instead, and
+    # "float16" float16's from autocast and a gradient scaler (float32 master weights, as on a T4)
     assert weight_dtype("auto", device) == torch.float32
     assert weight_dtype("auto") == torch.float32
     assert weight_dtype("bfloat16", device) == torch.bfloat16
-    assert weight_dtype("float16", device) == torch.float16
+    assert weight_dtype("float16", device) == torch.float32
     assert weight_dtype("float32", device) == torch.float32
     assert weight_dtype(torch.bfloat16, device) == torch.bfloat16
+
+
+@pytest.mark.parametrize("device, dtype, capability, expected", [
+    ("cuda", "auto", (8, 0), torch.bfloat16),   # the frozen base in the dtype autocast runs it in
+    ("cuda", "auto", (7, 5), torch.float16),    # a T4
+    ("cuda:1", "float16", (9, 0), torch.float16),
+    ("cpu", "auto", None, torch.float32),        # a CPU: float32, as without LoRA
+    ("cpu", "float16", None, torch.float32),
+    ("cuda", "float32", (9, 0), torch.float32),  # an explicit dtype is the weights' dtype
+    ("cuda", "bfloat16", (7, 5), torch.bfloat16),
+])
+def test_a_lora_base_is_held_in_the_autocast_dtype_on_a_gpu(monkeypatch, device, dtype, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert weight_dtype(dtype, device, lora=True) == expected
+    assert weight_dtype(dtype, device) == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 
 
 @pytest.mark.parametrize("capability, expected", [
@@ -133,19 +154,21 @@ def test_bf16_capable_by_compute_capability(capability, expected):
 
 
 @pytest.mark.parametrize("device, dtype, capability, expected", [
-    ("cuda", "auto", (8, 0), True),          # the one case: a GPU with bf16 hardware under auto
-    ("cuda:1", "auto", (9, 0), True),
-    (torch.device("cuda", 0), "auto", (8, 6), True),
-    ("cuda", "auto", (7, 5), False),         # a GPU without it (T4, V100): plain float32
-    ("cuda:1", "auto", (7, 0), False),
-    ("cpu", "auto", (9, 0), False),          # never on a CPU
-    ("cpu", "auto", None, False),            # and without asking torch.cuda
-    ("cuda", "float32", (9, 0), False),      # an explicit dtype never autocasts
-    ("cuda", "bfloat16", (9, 0), False),
-    ("cuda", "float16", (9, 0), False),
+    ("cuda", "auto", (8, 0), torch.bfloat16),  # a GPU with bf16 hardware under auto
+    ("cuda:1", "auto", (9, 0), torch.bfloat16),
+    (torch.device("cuda", 0), "auto", (8, 6), torch.bfloat16),
+    ("cuda", "auto", (7, 5), torch.float16),   # a GPU without it (T4, V100): float16, with a scaler
+    ("cuda:1", "auto", (7, 0), torch.float16),
+    ("cpu", "auto", (9, 0), None),             # auto never autocasts on a CPU
+    ("cpu", "auto", None, None),               # and without asking torch.cuda
+    ("cuda", "float32", (9, 0), None),         # float32 and bfloat16 weights never autocast
+    ("cuda", "bfloat16", (9, 0), None),
+    ("cuda", "float16", (9, 0), torch.float16),  # float16: the T4's path on any device
+    ("cpu", "float16", None, torch.float16),
 ])
 def test_autocast_decision(device, dtype, capability, expected):
-    assert autocast_enabled(device, dtype, capability=capability) is expected
+    assert autocast_dtype(device, dtype, capability=capability) == expected
+    assert autocast_enabled(device, dtype, capability=capability) is (expected is not None)
 
 
 def test_autocast_asks_the_requested_device(monkeypatch):
@@ -153,7 +176,7 @@ def test_autocast_asks_the_requested_device(monkeypatch):
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda device=None: asked.append(device) or {0: (7, 5), 1: (8, 0)}[device.index or 0])
-    assert autocast_enabled("cuda:1", "auto") and not autocast_enabled("cuda:0", "auto")
+    assert autocast_dtype("cuda:1", "auto") == torch.bfloat16 and autocast_dtype("cuda:0", "auto") == torch.float16
     assert [str(d) for d in asked] == ["cuda:1", "cuda:0"]
 
 
@@ -214,3 +237,174 @@ def test_eval_runs_under_the_same_autocast(tiny_dir, tmp_path, monkeypatch):
     assert eval_py.main(["--model", tiny_dir, "--benchmarks", "tiny", "--limit", "2", "--device", "cpu",
                          "--max_new_tokens", "4", "--out", str(tmp_path / "e.jsonl")]) == 0
     assert loaded == ["auto"] and entered == [("cpu", "auto")] and inside == [True, False]
+
+
+# -----------------------------------------------------------------------------
+# --dtype float16: the T4's path, on the CPU as far as torch allows
+
+
+def test_float16_autocasts_on_the_cpu_over_float32_weights_and_only_it_has_a_scaler(tiny_dir):
+    model_, tokenizer = load_model(tiny_dir, device="cpu", dtype="float16")
+    assert model_.dtype == torch.float32  # the master weights
+    ids = tokenizer("Question: 1+2\nAnswer:", return_tensors="pt")["input_ids"]
+    with torch.no_grad(), autocast("cpu", "float16"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+        assert model_.model.layers[0].self_attn.q_proj(model_.model.embed_tokens(ids)).dtype == torch.float16
+    optimizer = torch.optim.SGD(model_.parameters(), lr=0.1)
+    assert grad_scaler(optimizer, "cpu", "float16").is_enabled()
+    assert not any(grad_scaler(optimizer, "cpu", d).is_enabled() for d in ("auto", "float32", "bfloat16"))
+
+
+def test_the_gradient_scale_rides_in_the_optimizers_state_dict():
+    """trainer.pt holds optimizer.state_dict(): with float16 it carries the scaler's state, so a resumed run
+    goes on with the scale the run had reached (here halved once by an inf gradient), not 2**16 again."""
+    w = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    scaler = grad_scaler(optimizer, "cpu", "float16")
+    scaler.scale(w.sum()).backward()
+    w.grad[0] = math.inf
+    scaler.unscale_(optimizer)
+    scaler.update()
+    assert scaler.get_scale() == 2.0 ** 15  # 2**16 halved: the step was the scaler's to skip
+    state = optimizer.state_dict()
+    assert state["scaler"]["scale"] == 2.0 ** 15
+    again = torch.optim.SGD([w], lr=0.1)
+    resumed = grad_scaler(again, "cpu", "float16")
+    again.load_state_dict(state)
+    assert resumed.get_scale() == 2.0 ** 15 and "scaler" in state  # the caller's dict is left whole
+    plain = torch.optim.SGD([w], lr=0.1)  # resumed where float16 does not apply (a CPU under auto)
+    assert not grad_scaler(plain, "cpu", "auto").is_enabled()
+    plain.load_state_dict(state)
+    assert "scaler" not in plain.state_dict()
+
+
+# -----------------------------------------------------------------------------
+# LoRA
+
+
+def trained_lora(tiny_dir, rank=4, dtype="float32", seed=0):
+    """The tiny world's model with LoRA adapters of `rank`, their B drawn at random as if trained (PEFT
+    starts B at 0)."""
+    policy, tokenizer = load_model(tiny_dir, device="cpu", dtype=dtype, lora=True)
+    policy = with_lora(policy, rank, tiny_dir)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return policy, tokenizer
+
+
+def logits(model_, tokenizer, text="Question: 3+8+5\nAnswer:"):
+    with torch.no_grad():
+        return model_(tokenizer(text, return_tensors="pt")["input_ids"]).logits
+
+
+def test_lora_trains_only_its_adapters_on_every_linear_layer_and_starts_as_the_base(tiny_dir):
+    base, tokenizer = load_model(tiny_dir, device="cpu")
+    policy = with_lora(load_model(tiny_dir, device="cpu")[0], 4, tiny_dir)
+    trained = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    layers = base.config.num_hidden_layers
+    # an A and a B on each of the seven projections of every decoder layer, and nothing else
+    found = {(int(n.split(".layers.")[1].split(".")[0]), n.split(".lora_")[0].rsplit(".", 1)[1],
+              n.split(".lora_")[1][0]) for n in trained}
+    assert len(trained) == layers * 7 * 2
+    assert found == {(i, t, ab) for i in range(layers) for t in model.LORA_TARGETS for ab in "AB"}
+    # r (in + out) per projection, from the base's own shapes
+    projections = [m for n, m in base.named_modules() if n.rsplit(".", 1)[-1] in model.LORA_TARGETS]
+    assert sum(p.numel() for p in trained.values()) == sum(4 * (m.in_features + m.out_features)
+                                                           for m in projections)
+    assert all(p.dtype == torch.float32 for p in trained.values())
+    assert not policy.get_input_embeddings().weight.requires_grad
+    assert not policy.get_output_embeddings().weight.requires_grad
+    assert torch.equal(logits(policy, tokenizer), logits(base, tokenizer))  # B = 0: the base, bit for bit
+    # A is drawn from --seed alone, whatever torch's generator holds: one seed, one run
+    torch.manual_seed(123)
+    same = with_lora(load_model(tiny_dir, device="cpu")[0], 4, tiny_dir)
+    other = with_lora(load_model(tiny_dir, device="cpu")[0], 4, tiny_dir, seed=1)
+    for (name, a), b, c in zip(policy.named_parameters(), same.parameters(), other.parameters()):
+        assert torch.equal(a, b) and torch.equal(a, c) == ("lora_A" not in name), name
+    # a bf16 base (a GPU's), float32 adapters
+    half = with_lora(load_model(tiny_dir, device="cpu", dtype="bfloat16")[0], 4, tiny_dir)
+    assert {p.dtype for p in half.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in half.parameters() if not p.requires_grad} == {torch.bfloat16}
+
+
+def test_adapters_off_is_the_base_and_they_come_back_on(tiny_dir):
+    """The KL term's reference under LoRA is the policy with its adapters off: the base's logits exactly."""
+    base, tokenizer = load_model(tiny_dir, device="cpu")
+    policy, _ = trained_lora(tiny_dir)
+    on = logits(policy, tokenizer)
+    assert not torch.allclose(on, logits(base, tokenizer), atol=1e-3)  # the adapters change the policy
+    with adapters_off(policy):
+        assert torch.equal(logits(policy, tokenizer), logits(base, tokenizer))
+    assert torch.equal(logits(policy, tokenizer), on)
+    with adapters_off(base):  # a model without adapters: nothing to turn off
+        assert torch.equal(logits(base, tokenizer), logits(base, tokenizer))
+
+
+def test_a_lora_folder_holds_the_adapters_names_its_base_and_loads_as_saved(tiny_dir, tmp_path):
+    policy, tokenizer = trained_lora(tiny_dir)
+    folder = tmp_path / "adapters"
+    policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert not (folder / "model.safetensors").exists()  # the adapters, not a copy of the base
+    saved = json.load(open(folder / model.ADAPTERS))
+    assert saved["base_model_name_or_path"] == os.path.abspath(tiny_dir)
+    assert (saved["r"], saved["lora_alpha"], saved["lora_dropout"]) == (4, 32, 0.0)
+    assert set(saved["target_modules"]) == set(model.LORA_TARGETS)
+    loaded, tok = load_model(str(folder), device="cpu")
+    assert model.is_lora(loaded) and tok.decode(tok("1+2")["input_ids"]) == "1+2"
+    assert torch.equal(logits(loaded, tok), logits(policy, tokenizer))
+    assert {n for n, p in loaded.named_parameters() if p.requires_grad} == \
+        {n for n, p in policy.named_parameters() if p.requires_grad}  # a resumed run trains them on
+    # merged into the base (a new run from this policy): the same function, up to float rounding
+    merged = with_lora(loaded, 0, str(folder))
+    assert not model.is_lora(merged) and all(p.requires_grad for p in merged.parameters())
+    assert torch.allclose(logits(merged, tok), logits(policy, tokenizer), atol=1e-4, rtol=1e-5)
+    # a base that is gone, or none named: one line that says which
+    saved["base_model_name_or_path"] = str(tmp_path / "nowhere")
+    json.dump(saved, open(folder / model.ADAPTERS, "w"))
+    message = _error(str(folder))
+    assert message.startswith(f"the base model of the LoRA adapters in {folder}: ") and "nowhere" in message
+    saved["base_model_name_or_path"] = None
+    json.dump(saved, open(folder / model.ADAPTERS, "w"))
+    assert "names no base model" in _error(str(folder))
+
+
+def test_without_peft_lora_is_one_line_and_the_rest_runs(tiny_dir, tmp_path, monkeypatch):
+    policy, tokenizer = trained_lora(tiny_dir)
+    policy.save_pretrained(tmp_path / "adapters")
+    tokenizer.save_pretrained(tmp_path / "adapters")
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft now fails, as when it is not installed
+    base, _ = load_model(tiny_dir, device="cpu")
+    with pytest.raises(ValueError, match=r"^--lora_rank needs peft: pip install peft$"):
+        with_lora(base, 4, tiny_dir)
+    assert with_lora(base, 0, tiny_dir) is base  # rank 0 never imports it
+    assert _error(str(tmp_path / "adapters")).endswith("holds LoRA adapters: loading them needs peft: "
+                                                      "pip install peft")
+
+
+def test_a_lora_policy_samples_without_the_checkpoints_generation_config(tiny_dir, tmp_path):
+    """The sampler blanks model.generation_config while generating (machinery/sampling.py). A LoRA policy is
+    PEFT's wrapper, whose generate hands its own generation_config to the model inside: a checkpoint's
+    repetition penalty must not reach the samples through it."""
+    from machinery.data import format_prompt
+    from rollout import generate_groups
+    polluted = tmp_path / "polluted"
+    shutil.copytree(tiny_dir, polluted)
+    config = json.load(open(polluted / "generation_config.json"))
+    json.dump({**config, "repetition_penalty": 50.0}, open(polluted / "generation_config.json", "w"))
+    base, tokenizer = load_model(tiny_dir, device="cpu")
+    dirty = load_model(str(polluted), device="cpu")[0]
+    ids = tokenizer(format_prompt(tokenizer, "1+1+1+1"), return_tensors="pt")["input_ids"]
+    with torch.no_grad():  # the penalty would change what is generated
+        assert not torch.equal(dirty.generate(ids, max_new_tokens=12), base.generate(ids, max_new_tokens=12))
+    policy = with_lora(dirty, 4, str(polluted))  # B = 0: the base's function
+    prompts = [format_prompt(tokenizer, q) for q in ("1+1+1+1", "2+2+2+2")]
+    for cache in ("prefix", "plain"):
+        for temperature in (0.0, 1.0):
+            mine = generate_groups(policy, tokenizer, prompts, 2, 16, temperature, seed=3, cache=cache)
+            clean = generate_groups(base, tokenizer, prompts, 2, 16, temperature, seed=3, cache=cache)
+            assert torch.equal(mine.completion_ids, clean.completion_ids), (cache, temperature)
+    assert policy.generation_config.repetition_penalty == 50.0  # restored afterwards

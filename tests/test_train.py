@@ -20,6 +20,7 @@ from machinery import tiny
 import train
 from conftest import ROOT, exit_2, rows, weights
 from machinery.data import load_problems
+from machinery.model import grad_scaler
 
 SMALL = dict(steps=3, prompts_per_step=4, group_size=4, eval_size=8, eval_every=2, save_every=2,
              updates_per_batch=1, lr=1e-4)  # the values these tests were written at (defaults: K = 4, lr 5e-5)
@@ -121,6 +122,8 @@ BAD = [
     (["--steps"], "expected one argument"),
     (["--top_p", "0.9"], "unrecognized arguments: --top_p 0.9"),
     (["--out_dir", "/proc/no-such/run"], "cannot make the run folder /proc/no-such/run"),
+    (["--lora_rank", "-1"], "--lora_rank must be at least 0 (0: every weight trains), got -1"),
+    (["--dtype", "float8"], "--dtype must be auto, float32, bfloat16 or float16, got 'float8'"),
 ]
 
 
@@ -220,9 +223,9 @@ def test_an_inline_edit_of_the_config_block_is_the_run(tmp_path, tiny_dir, capsy
     """A learner edits a value in train.py's config block, as nanoGPT's readers do: the tiny world's
     max_new_tokens and a real model's learning rate. Both runs record the edited value."""
     source = (ROOT / "train.py").read_text()
-    assert source.count("max_new_tokens: int = pick(tiny=32,") == 1 and source.count("real=1e-6)") == 1
+    assert source.count("max_new_tokens: int = pick(tiny=32,") == 1 and source.count(" real=1e-6,") == 1
     edited = source.replace("max_new_tokens: int = pick(tiny=32,", "max_new_tokens: int = pick(tiny=40,")
-    edited = edited.replace("real=1e-6)", "real=3e-6)")
+    edited = edited.replace(" real=1e-6,", " real=3e-6,")
     (tmp_path / "train.py").write_text(edited)
     spec = importlib.util.spec_from_file_location("edited_train", tmp_path / "train.py")
     mine = importlib.util.module_from_spec(spec)
@@ -259,7 +262,7 @@ def test_help_shows_every_knob_its_values_and_its_comment(capsys):
         assert f"--{f.name}" in text and "".join(comments[f.name].split()) in text, f.name  # every knob has one
         for value in f.metadata.get("pick", {"": f.default}).values():
             assert "".join(repr(value).split()) in text, f.name
-    assert "(tiny5e-05,real1e-06)" in text and "(grpo0.2,gspo0.0003)" in text
+    assert "(tiny5e-05,real1e-06,lora_tiny0.0005,lora_real1e-05)" in text and "(grpo0.2,gspo0.0003)" in text
     assert "(default'kept',method_entropy'valid',gspo'seq')" in text  # --divisor's three
     # a comment that goes on below its knob's line is all of its help
     assert "entropy|therandomcontrolsd3s-random|d1s-cross-random(default'd3s')" in text
@@ -460,20 +463,22 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     model, _ = train.load_model(tiny_dir, device="cpu", dtype="float32")
     cfg = config.resolve(train.Config(model="tiny"))
     optimizer = train.make_optimizer(model, cfg)
+    scaler = grad_scaler(optimizer, "cpu", cfg.dtype)  # off: --dtype auto on a CPU
     params = list(model.parameters())
     for p in params:
         p.grad = torch.randn_like(p)
-    assert train.optimizer_step(model, optimizer, 1.0, 0.5)["applied"]
+    assert train.optimizer_step(model, optimizer, 1.0, 0.5, scaler)["applied"]
     before = [p.detach().clone() for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
-    out = train.optimizer_step(model, optimizer, 1.0, 0.0)
+    out = train.optimizer_step(model, optimizer, 1.0, 0.0, scaler)
     assert (out["applied"], out["zero_grad"], out["grad_norm"]) == (False, 1, 0.0)
     assert all(torch.equal(p, q) for p, q in zip(params, before))
     params[0].grad = torch.full_like(params[0], math.nan)
     capsys.readouterr()
-    out = train.optimizer_step(model, optimizer, 1.0, 0.3)
-    assert (out["applied"], out["nonfinite"]) == (False, 1) and all(torch.equal(p, q) for p, q in zip(params, before))
+    out = train.optimizer_step(model, optimizer, 1.0, 0.3, scaler)
+    assert (out["applied"], out["nonfinite"], out["scaler_skip"]) == (False, 1, 0)  # no scaler: a real problem
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
     # each such update says so as it happens, not only in the step line's count
     assert capsys.readouterr().out.startswith("warning: a non-finite loss (0.3) or gradient")
     # the log counts only the applied update's tokens; the skipped step's gradient norm is a gap, not 0
@@ -486,11 +491,11 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     stats = dict(loss=0.1, clipped=0, signal=4, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0,
                  fwd_bwd_tokens=7)
     updates = [{**stats, "tokens": 4, "on_policy": True, "grad_norm": 2.0, "applied": True, "nonfinite": 0,
-                "zero_grad": 0},
+                "zero_grad": 0, "scaler_skip": 0},
                {**stats, "tokens": 2, "on_policy": False, "grad_norm": 0.0, "applied": False, "nonfinite": 0,
-                "zero_grad": 1},
+                "zero_grad": 1, "scaler_skip": 0},
                {**stats, "tokens": 3, "on_policy": False, "grad_norm": math.inf, "applied": False, "nonfinite": 1,
-                "zero_grad": 0}]
+                "zero_grad": 0, "scaler_skip": 0}]
     args = (0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
             {"no_answer": 0, "hedge": 0})
     row = step_record(*args, updates)
@@ -570,9 +575,152 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
     base = dict(loss=0.1, ratio_mean=1.0, kl=0.0, ratio_min=0.5, ratio_max=1.5, on_policy=False, grad_norm=1.0,
-                applied=True, nonfinite=0, zero_grad=0, fwd_bwd_tokens=0)
+                applied=True, nonfinite=0, zero_grad=0, fwd_bwd_tokens=0, scaler_skip=0)
     updates = [dict(base, tokens=100, clipped=1, signal=10, clip_frac=0.1),
                dict(base, tokens=10, clipped=3, signal=10, clip_frac=0.3)]
     row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
                       {"no_answer": 0, "hedge": 0}, updates)
     assert row["clip_frac"] == 0.2  # a weighted mean of the shares would give (0.1 * 100 + 0.3 * 10) / 110
+
+
+# ----------------------------------------------------------------------------- LoRA
+
+
+def test_lora_takes_its_own_lr_unless_given():
+    """--lora_rank > 0 reads the lr line's lora_ values first: about 10x full fine-tuning's."""
+    assert resolved("--lora_rank", "8").lr == 5e-4 and resolved().lr == 5e-5
+    real = resolved("--model", "Qwen2.5-0.5B", "--lora_rank", "16")
+    assert real.lr == 1e-5 and real.out_dir == os.path.join("out", "d3s-Qwen2.5-0.5B-lora_rank=16")
+    assert resolved("--lora_rank", "8", "--lr", "1e-4").lr == 1e-4  # given: it holds
+    knob = config.pick(default=0, tiny=1, real=2, lora_tiny=3, lora_real=4, tiny_long=5)
+    runs = [("tiny-long", False), ("tiny-long", True), ("tiny", True), (None, True), (None, False)]
+    assert [config.picked(knob, w, "grpo", "d3s", lora) for w, lora in runs] == [5, 3, 3, 4, 2]
+
+
+def lora_run(tmp_path, name, model, **kw):
+    """A tiny LoRA run of SMALL's size at LoRA's own lr (the pick), K = 2."""
+    cfg = train.Config(model=model, out_dir=str(tmp_path / name), **{
+        **{k: v for k, v in SMALL.items() if k != "lr"}, "updates_per_batch": 2, "eval_size": 8,
+        "lora_rank": 4, **kw})
+    lines = []
+    history = train.train(cfg, log=lines.append)
+    return history, lines, tmp_path / name
+
+
+def test_a_tiny_lora_run_trains_its_adapters_and_its_checkpoint_loads_everywhere(tmp_path, tiny_dir, capsys):
+    """--lora_rank 4 offline on the tiny world: only the adapters train, at LoRA's lr; RUN/checkpoint holds them
+    (no copy of the base, which is left as it was) and names its base; eval.py --model RUN/checkpoint gives the
+    run's held-out accuracy; --model RUN/checkpoint starts a new run from that policy."""
+    from safetensors.torch import load_file
+    import eval as eval_py
+    base_file = os.path.join(tiny_dir, "model.safetensors")
+    base_bytes = open(base_file, "rb").read()
+    history, lines, run_dir = lora_run(tmp_path, "lora", tiny_dir)
+    ckpt = run_dir / "checkpoint"
+    assert sorted(os.listdir(ckpt)) == ["README.md", "adapter_config.json", "adapter_model.safetensors",
+                                        "tiny.json", "tokenizer.json", "tokenizer_config.json", "trainer.pt"]
+    saved = json.load(open(ckpt / "adapter_config.json"))
+    assert (saved["base_model_name_or_path"], saved["r"]) == (os.path.abspath(tiny_dir), 4)
+    adapters = load_file(ckpt / "adapter_model.safetensors")
+    assert adapters and all(".lora_A." in k or ".lora_B." in k for k in adapters)
+    assert all(v.abs().sum() > 0 for k, v in adapters.items() if ".lora_B." in k)  # B moved from its 0
+    state = torch.load(ckpt / "trainer.pt", weights_only=False)["optimizer"]
+    assert len(state["state"]) == len(adapters) == len(state["param_groups"][0]["params"])  # AdamW: adapters only
+    assert open(base_file, "rb").read() == base_bytes
+    ran = json.load(open(run_dir / "config.json"))
+    assert (ran["lora_rank"], ran["lr"]) == (4, 5e-4)
+    log = rows(run_dir)
+    assert any(not r["no_signal"] for r in log)
+    assert all(r["ratio_first"] == [1.0, 1.0] for r in log if not r["no_signal"])
+    assert all(r["nonfinite"] == 0 and r["scaler_skips"] == 0 for r in log)
+    # eval.py on the checkpoint: the run's last held-out accuracy, bit for bit on a CPU
+    capsys.readouterr()
+    assert eval_py.main(["--model", str(ckpt), "--benchmarks", "tiny", "--limit", "8", "--device", "cpu",
+                         "--max_new_tokens", "32", "--out", str(tmp_path / "e.jsonl")]) == 0
+    assert json.load(open(tmp_path / "e.json"))["results"]["tiny"]["accuracy"] == history[-1]["accuracy"]
+    # a new run from the trained policy: its adapters merged into the base, fresh ones on top, named so
+    _, lines, again = lora_run(tmp_path, "again", str(ckpt), lora_rank=2, steps=1)
+    assert "the tiny world's values" in lines[0]
+    assert json.load(open(again / "checkpoint" / "adapter_config.json"))["base_model_name_or_path"] == \
+        os.path.abspath(ckpt)
+    loaded, _ = train.load_model(str(again / "checkpoint"), device="cpu")
+    assert loaded.peft_config["default"].r == 2
+
+
+def test_the_kl_reference_under_lora_is_the_base_with_no_second_copy(tiny_dir):
+    """beta > 0 with LoRA: the reference is the policy itself with its adapters off, so backward gives the
+    loss, KL and gradient it gives with a separate frozen copy of the base."""
+    from machinery.data import format_prompt
+    from machinery.model import reference_model, with_lora
+    cfg = config.resolve(train.Config(model=tiny_dir, beta=0.1, lora_rank=4))
+    policy, tok = train.load_model(tiny_dir, device="cpu")
+    policy = with_lora(policy, 4, tiny_dir)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # as if trained: B away from 0
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    assert reference_model(policy, cfg, "cpu") is policy
+    assert reference_model(policy, dataclasses.replace(cfg, beta=0.0), "cpu") is None
+    kept = train.generate_groups(policy, tok, [format_prompt(tok, "1+2+3+4")], 4, 8, seed=0)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), kept.completion_mask
+    base = train.load_model(tiny_dir, device="cpu")[0].eval().requires_grad_(False)
+    got = []
+    for ref in (policy, base):
+        parts = train.micro_batches(kept, torch.arange(4), 2)
+        stats = train.backward(policy, kept, parts, adv, mask, None, cfg, contextlib.nullcontext, ref)
+        got.append((stats, {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}))
+        policy.zero_grad(set_to_none=True)
+    (mine, grads), (theirs, want) = got
+    assert mine["kl"] > 0 and mine == theirs
+    assert grads.keys() == want.keys() and all(torch.equal(grads[k], want[k]) for k in grads)
+
+
+def test_without_peft_lora_is_one_line_and_exit_2(tmp_path, tiny_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft fails, as when it is not installed
+    err = exit_2(["--model", tiny_dir, "--out_dir", str(tmp_path / "lora"), "--lora_rank", "4"], capsys)
+    assert err == "error: --lora_rank needs peft: pip install peft"
+    assert not (tmp_path / "lora").exists()
+
+
+# ----------------------------------------------------------------------------- float16 (a T4) on the CPU
+
+
+def test_float16_runs_on_the_cpu_with_a_scaler_and_the_first_ratio_is_exactly_1(tmp_path, tiny_dir):
+    """--dtype float16 anywhere: float16 autocast over float32 weights and a gradient scaler, whose scale
+    trainer.pt holds. Every update is finite, the first mini-batch's ratio exactly 1."""
+    _, _, run_dir = run(tmp_path, "fp16", tiny_dir, dtype="float16", steps=2, updates_per_batch=2, eval_every=0)
+    log = rows(run_dir)
+    trained = [r for r in log if not r["no_signal"]]
+    assert trained and all(r["ratio_first"] == [1.0, 1.0] and r["clip_first"] == 0.0 for r in trained)
+    assert all(r["nonfinite"] == 0 and r["scaler_skips"] == 0 and math.isfinite(r["loss"]) for r in log)
+    state = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["optimizer"]
+    assert state["scaler"]["scale"] == 2.0 ** 16  # no skip: the scale it started with
+    assert {v.dtype for v in weights(run_dir / "checkpoint").values()} == {torch.float32}
+
+
+def test_an_inf_gradient_under_float16_is_a_counted_scaler_skip(tmp_path, tiny_dir, monkeypatch, capsys):
+    """The scaler's skip, forced: an inf in the first update's gradient. That update is not applied, the step
+    line and log.jsonl count it (scaler_skips), no warning calls it a problem, and the scale is halved."""
+    real, calls = train.optimizer_step, []
+
+    def inf_first(model, *a):
+        calls.append(1)
+        if len(calls) == 1:
+            next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = math.inf
+        return real(model, *a)
+    monkeypatch.setattr(train, "optimizer_step", inf_first)
+    capsys.readouterr()
+    _, lines, run_dir = run(tmp_path, "skip", tiny_dir, dtype="float16", steps=1, updates_per_batch=2,
+                            eval_every=0)
+    row = rows(run_dir)[0]
+    assert len(row["losses"]) == 2 and (row["scaler_skips"], row["updates"], row["nonfinite"]) == (1, 1, 0)
+    assert "updates 1/2 (1 scaler skip)" in next(line for line in lines if line.startswith("step "))
+    assert "warning" not in capsys.readouterr().out
+    state = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["optimizer"]
+    assert state["scaler"]["scale"] == 2.0 ** 15  # halved once
+    # under bf16 or float32 the same inf is a non-finite update, with its warning
+    calls.clear()
+    _, lines, run_dir = run(tmp_path, "nan", tiny_dir, steps=1, updates_per_batch=2, eval_every=0)
+    row = rows(run_dir)[0]
+    assert (row["scaler_skips"], row["nonfinite"]) == (0, 1) and "warning: a non-finite" in capsys.readouterr().out

@@ -24,6 +24,7 @@ import d3s
 from machinery import tiny
 from experiments import trl_d3s
 from experiments.trl_d3s import D3SConfig, D3STrainer, process_shares
+from conftest import SHARED, requires_shared
 
 G, T = 4, 6  # group size; completion width of the synthetic batches
 DATASET = Dataset.from_list([{"prompt": f"Question: {a}+{b}\nAnswer:", "answer": str((a + b) % 10)}
@@ -411,6 +412,33 @@ def test_two_step_run_follows_the_schedule(tmp_path):
         assert row["d3s/rollouts"] == 16 and row["d3s/kept"] == d3s.num_keep(rho_s, 16)
         assert row["d3s/tokens"] == d3s.num_keep(rho_t, int(row["d3s/valid"]))
         assert "rewards/correct/mean" in row  # reward.grade, through TRL
+
+
+
+@requires_shared
+def test_vllm_gets_the_stop_tokens_through_generation_kwargs(tmp_path):
+    """vLLM loads the model from its files and never sees the stop ids main sets in model.generation_config:
+    with --use_vllm they reach its SamplingParams as stop_token_ids, through generation_kwargs (a base
+    Qwen2.5 ends its files' turns with <|endoftext|> 151643 alone; our ChatML prompts end with <|im_end|>
+    151645). Ids the command line gave win; without vLLM the config is left as it was."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    tok = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen2.5")
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=8, intermediate_size=16,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         eos_token_id=151643))  # the base model's generation_config
+    parser = HfArgumentParser((trl_d3s.ScriptArguments, D3SConfig))
+    flags = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    _, config = parser.parse_args_into_dataclasses(flags + ["--use_vllm", "true"])
+    assert trl_d3s.stop_at_the_turns_end(model, tok, config) == [151643, 151645]
+    assert config.generation_kwargs == {"stop_token_ids": [151643, 151645]}
+    assert model.generation_config.eos_token_id == [151643, 151645]  # TRL's own generate, and its eos ids
+    _, given = parser.parse_args_into_dataclasses(
+        flags + ["--use_vllm", "true", "--generation_kwargs", '{"stop_token_ids": [7], "seed": 1}'])
+    trl_d3s.stop_at_the_turns_end(model, tok, given)
+    assert given.generation_kwargs == {"stop_token_ids": [7], "seed": 1}
+    _, plain = parser.parse_args_into_dataclasses(flags)
+    trl_d3s.stop_at_the_turns_end(model, tok, plain)
+    assert plain.generation_kwargs is None
 
 # -----------------------------------------------------------------------------
 # two processes
