@@ -161,14 +161,12 @@ def train(cfg, log=print, given=None):
                         rewards, adv, rollouts.lengths, G, rho_s, rho_t)
                     token_mask = d3s.select_tokens(scores, valid, rho_t, generator, count)
 
-                # 7. K updates (or ceil(N / M)), one per mini-batch of the kept rollouts, shuffled;
-                # the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
+                # 7. K updates (or ceil(N / M)), one per shuffled mini-batch; the first's ratio is 1
                 for i, mb in enumerate(minibatches):
                     with fb:
                         u = run.fit(backward, model, kept, mb, adv_kept, token_mask,
                                     old_logp if i else None, cfg, ctx, ref_model, scaler)
-                    if u is not None:  # None: nothing to learn in this mini-batch, no update
-                        # once a weight moves, a signal waits for the step's end (run.end_step)
+                    if u is not None:  # None: nothing to learn; once a weight moves, signals wait
                         u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"], scaler))
                         updates.append(u)
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
