@@ -317,6 +317,8 @@ class D3STrainer(GRPOTrainer):
         index, kept_adv = d3s.select_samples(rewards.to(advantages.device), advantages,
                                              self.num_generations,
                                              rho_s, self.method["sample"], scale=scale)
+        if len(index) == 0:  # grpo-filter on a step of zero-variance groups only: no row has a
+            index, kept_adv = index.new_zeros(1), kept_adv.new_zeros(1)  # gradient; one with A = 0
         # decided once: process 0's choice for all
         index, kept_adv = broadcast(index), broadcast(kept_adv)
         share = process_shares(len(index), acc.num_processes, steps)[acc.process_index]
@@ -329,8 +331,11 @@ class D3STrainer(GRPOTrainer):
         metrics = {}
         if self.method["token"] == "none":
             kept = valid
-        elif self.method["token"] == "random":  # the control: no score, so no entropy pass
-            kept = self._select_tokens(None, valid, rho_t)
+        elif self.method["token"] == "random":  # the control: no score, so no entropy pass;
+            lengths = batch["completion_mask"].sum(dim=1)  # D3S's count of tokens, as train.py's
+            count = d3s.d3s_token_count(rewards.to(advantages.device), advantages, lengths,
+                                        self.num_generations, rho_s, rho_t)
+            kept = self._select_tokens(None, valid, rho_t, count)
         else:
             entropy = self._entropy(part)  # (R, C)
             scores = d3s.token_scores(part["advantages"], entropy, self.method["token"])  # (R, C)
@@ -371,16 +376,16 @@ class D3STrainer(GRPOTrainer):
                 batch_size=self.args.per_device_train_batch_size, compute_entropy=True)
         return entropy
 
-    def _select_tokens(self, scores, valid, keep):
-        """Step 6: the top `keep` of every process's scores (None: a uniform draw, the random
-        control), chosen once; this process's rows."""
+    def _select_tokens(self, scores, valid, keep, count=None):
+        """Step 6: the top `keep` of every process's scores (None: a uniform draw of `count`, the
+        random control), chosen once; this process's rows."""
         acc = self.accelerator
         # every process's scores, (processes * R, C_max)
         all_scores = None if scores is None else \
             acc.gather(acc.pad_across_processes(scores.float(), dim=1))
         all_valid = acc.gather(acc.pad_across_processes(valid.long(), dim=1)).bool()
         if all_valid.any():
-            kept = d3s.select_tokens(all_scores, all_valid, keep)
+            kept = d3s.select_tokens(all_scores, all_valid, keep, count=count)
         else:  # every kept rollout has an empty mask (mask_truncated_completions): nothing to train
             kept = all_valid
         kept = broadcast(kept.long()).bool()

@@ -191,7 +191,9 @@ def test_config_refuses_a_ratio_the_method_ignores(tmp_path):
     uses = {"grpo": set(), "pods": {"s_init"}, "d1s": {"s_init"}, "d1s-cross": {"s_init"},
             "d2s": {"s_init", "t_init"}, "d3s": set(trl_d3s.RATIOS), "d3s-i": set(trl_d3s.RATIOS),
             "entropy": set(), "d3s-random": set(trl_d3s.RATIOS),
-            "d1s-cross-random": {"s_init"}}  # without a schedule no *_final is read
+            "d1s-cross-random": {"s_init"},  # without a schedule no *_final is read
+            "grpo-filter": set(), "d3s-entropy": set(trl_d3s.RATIOS),
+            "d3s-random-nonzero": set(trl_d3s.RATIOS)}
     refused = {}
     for method in d3s.METHODS:
         for name in trl_d3s.RATIOS:
@@ -246,6 +248,9 @@ APPLIED = {
     "entropy":   ({}, [(1, 0.2), (1, 0.2)]),
     "d3s-random":       (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
     "d1s-cross-random": (dict(s_init=0.4), [(0.4, 1), (0.4, 1)]),
+    "grpo-filter": ({}, [(1, 1), (1, 1)]),
+    "d3s-entropy": (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
+    "d3s-random-nonzero": (dict(s_init=0.4, t_init=0.3), [(0.4, 0.3), (0.75, 0.6)]),
 }
 
 
@@ -256,7 +261,7 @@ def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
     trainer = make_trainer(tmp_path, method, per_device=8, accumulation=2, **knobs)
     batch, rewards, entropy = synthetic(16, seed=1)
     m = d3s.METHODS[method]
-    random = "random" in (m["sample"], m["token"])
+    random = "random" in (m["sample"], m["token"]) or m["sample"] == "random-nonzero"
 
     def no_entropy_pass(*args, **kwargs):  # the random control scores nothing
         raise AssertionError("an entropy pass for the random token mode")
@@ -273,8 +278,10 @@ def test_keeps_what_d3s_keeps_and_logs_the_applied_ratios(tmp_path, method):
             assert len(got) == len(want) == d3s.num_keep(rho_s, 16)
             assert all(adv == batch["advantages"][r].item() for r, (adv, _) in got.items())
             assert all(valid[r, cols].all() for r, (_, cols) in got.items())
-            n_valid = int(valid[sorted(got)].sum())
-            assert sum(len(c) for _, c in got.values()) == d3s.num_keep(rho_t, n_valid)
+            if m["token"] == "random":  # D3S's count of tokens, not rho_t of the twin's own
+                count = d3s.d3s_token_count(rewards, batch["advantages"],
+                                            batch["completion_mask"].sum(dim=1), G, rho_s, rho_t)
+                assert sum(len(c) for _, c in got.values()) == count
             want = got
         assert_same(trained(micro), want)
         assert len(micro) == 2
@@ -522,3 +529,18 @@ def two_process_worker(rank, out_path, port):
         world = [acc.num_processes, torch.distributed.get_world_size()]
         Path(out_path).write_text(json.dumps({"processes": processes, "log": run.state.log_history,
                                               "world": world}))
+
+
+def test_the_filter_on_a_step_without_signal_trains_one_weightless_row(tmp_path):
+    """grpo-filter keeps every rollout with A != 0; when every group is zero-variance there is none,
+    and the port (which must hand TRL a row) passes one rollout with A = 0: its loss and gradient
+    are exactly 0."""
+    trainer = make_trainer(tmp_path, "grpo-filter", per_device=8, accumulation=1)
+    batch, rewards, _ = synthetic(8, seed=2, rewards=torch.zeros(8))
+    micro = down_sample(trainer, local_rows(batch, 0, 8), rewards)
+    got = trained(micro)
+    assert list(got) == [0] and got[0][0] == 0.0  # one row, advantage 0
+    assert trainer._metrics["train"]["d3s/kept"][-1] == 1
+    batch, rewards, _ = synthetic(8, seed=2, rewards=torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1]))
+    got = trained(down_sample(trainer, local_rows(batch, 0, 8), rewards))
+    assert sorted(got) == [0, 1, 2, 3] and all(adv != 0 for adv, _ in got.values())
