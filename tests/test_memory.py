@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from experiments import memory  # noqa: E402
+from machinery import memory as counts
 
 TINY = dict(vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, tied=True)
 # the coefficients of one run of experiments/memory.py (experiments/speed.md), to test the search
@@ -18,9 +19,9 @@ MEASURED = {"plain_backward": 0.202, "head_with_weight_grad_per_position": 4.02,
 @pytest.mark.parametrize("tied", [True, False])
 def test_param_count_is_the_models(tied):
     model = memory.build(2, dict(TINY, tied=tied))
-    assert memory.param_count(dict(TINY, tied=tied)) == sum(p.numel() for p in model.parameters())
+    assert counts.param_count(dict(TINY, tied=tied)) == sum(p.numel() for p in model.parameters())
     # Qwen2.5-0.5B's published count, 0.49B (0.36B without the embedding)
-    assert memory.param_count(memory.SHAPES["Qwen2.5-0.5B"]) == 494_032_768
+    assert counts.param_count(counts.SHAPES["Qwen2.5-0.5B"]) == 494_032_768
 
 
 def test_layer_activations_are_the_inventory():
@@ -35,22 +36,22 @@ def test_layer_activations_are_the_inventory():
         for rows in (1, 2):
             held[layers, rows] = memory.measure_update(model, rows, 24, 24, 8, 4096)["held"]
     per_token = (held[2, 2] - held[2, 1] - held[1, 2] + held[1, 1]) / 48
-    assert per_token == memory.layer_act_bytes(TINY, 48) == 3320
+    assert per_token == counts.layer_act_bytes(TINY, 48) == 3320
 
 
 def test_settings_are_the_largest_that_fit():
     lengths = dict(prompt_len=240, new_tokens=512)
-    s = memory.SHAPES["Qwen2.5-0.5B"]
-    chosen = {card: memory.settings_for(s, card, MEASURED, **lengths) for card in memory.CARDS_GIB}
+    s = counts.SHAPES["Qwen2.5-0.5B"]
+    chosen = {card: counts.settings_for(s, card, MEASURED, **lengths) for card in counts.CARDS_GIB}
     assert chosen[80]["micro_batch_size"] == 16 and chosen[80]["logprob_chunk"] == 4096  # defaults
     for card, got in chosen.items():
-        assert memory.fits(got["peak"], card)
+        assert counts.fits(got["peak"], card)
         assert not got["gradient_checkpointing"]
         if got["micro_batch_size"] < 16:  # twice the micro-batch does not fit, even in small chunks
-            bigger = memory.predict(s, 2 * got["micro_batch_size"], 256, False, 256, MEASURED,
+            bigger = counts.predict(s, 2 * got["micro_batch_size"], 256, False, 256, MEASURED,
                                     **lengths)
-            assert not memory.fits(bigger["peak"], card)
-    micro = [chosen[card]["micro_batch_size"] for card in memory.CARDS_GIB]
+            assert not counts.fits(bigger["peak"], card)
+    micro = [chosen[card]["micro_batch_size"] for card in counts.CARDS_GIB]
     assert micro == sorted(micro, reverse=True) and micro[-1] < 16
     # 7B's float32 weights, gradients and AdamW moments alone, 16 bytes x 7.6B: no card holds them
-    assert memory.settings_for(memory.SHAPES["Qwen2.5-7B"], 80, MEASURED, **lengths) is None
+    assert counts.settings_for(counts.SHAPES["Qwen2.5-7B"], 80, MEASURED, **lengths) is None
