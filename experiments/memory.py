@@ -42,9 +42,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery.memory import (CARDS_GIB, SHAPES, GiB, base_act_bytes,  # noqa: E402
-                              kv_bytes_per_token, layer_act_bytes, layer_params, param_count,
-                              predict, settings_for)
+from machinery.memory import (CARDS_GIB, KNOBS, MEASURED, SHAPES, GiB,  # noqa: E402
+                              base_act_bytes, choose, describe, job_of, kv_bytes_per_token,
+                              layer_act_bytes, layer_params, nothing_fits, param_count, predict)
 
 # -----------------------------------------------------------------------------
 # measuring: train.py's functions on a CPU under bf16 autocast, every allocation read from the
@@ -430,38 +430,73 @@ def measure(tokenizer, data_dir, log=print):
     return out
 
 
-def table(coefficients, prompt_len, new_tokens, log=print):
-    """The settings and predicted peaks of every model size and card, as experiments/speed.md prints
-    them."""
-    rows, lengths = [], dict(prompt_len=prompt_len, new_tokens=new_tokens)
+LORA_RANK = 16  # [ours] the rank of the LoRA rows: the knob's interface allows any; 16 is common
 
-    def line(got):
-        return (f"--micro_batch_size {got['micro_batch_size']} --gen_batch_size "
-                f"{got['gen_batch_size']} --logprob_chunk {got['logprob_chunk']} "
-                f"--gradient_checkpointing {str(got['gradient_checkpointing']).lower()}: peak "
-                f"{got['peak'] / GiB:.1f} GiB (generate {got['generate'] / GiB:.1f}, no-grad "
-                f"{got['no_grad'] / GiB:.1f}, update {got['update'] / GiB:.1f})")
 
+def real_job(prompt_len=240, new_tokens=512, lora_rank=0, model="Qwen2.5-0.5B"):
+    """The Job of `python train.py --model MODEL` (D3S, 32 prompts x 8, K = 4, AdamW, --dtype auto
+    on a GPU with bf16) whose longest prompt is prompt_len tokens, with LoRA of lora_rank (the
+    frozen base in bf16, as the knob's interface holds it on such a GPU)."""
+    import dataclasses
+    from machinery import config
+    import train
+    cfg = config.resolve(train.Config(model=model, max_new_tokens=new_tokens, device="cpu"),
+                         given={"model", "max_new_tokens", "device"})
+    job = job_of(cfg, prompt_len)
+    return dataclasses.replace(job, lora_rank=lora_rank, weight_bytes=2 if lora_rank else 4)
+
+
+def table(coefficients=MEASURED, prompt_len=240, new_tokens=512, log=print):
+    """experiments/speed.md's tables: for each model, every weight trained and LoRA of LORA_RANK,
+    the settings auto picks on each card and their predicted peaks (machinery/memory.py)."""
+    rows = []
     for name, s in SHAPES.items():
-        default = predict(s, 16, 4096, False, 256, coefficients, **lengths)
-        k1 = predict(s, 16, 4096, False, 256, coefficients, updates_per_batch=1, **lengths)
+        job = real_job(prompt_len, new_tokens)
+        default = predict(s, dict(zip(KNOBS, (16, 0, 4096, False))), job, coefficients)
         log(f"\n{name}: {param_count(s) / 1e9:.2f}B parameters, "
             f"{16 * param_count(s) / GiB:.1f} GiB of weights, gradients and AdamW moments; the "
-            "defaults (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
-            f"{default['peak'] / GiB:.1f} GiB (generate "
-            f"{default['generate'] / GiB:.1f}, no-grad {default['no_grad'] / GiB:.1f}, update "
-            f"{default['update'] / GiB:.1f}; {k1['peak'] / GiB:.1f} with K = 1 and one "
-            f"micro-batch)\n  their parts, GiB: "
+            "CPU's values (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
+            f"{default['peak'] / GiB:.1f} GiB\n  their parts, GiB: "
             + ", ".join(f"{k} {v / GiB:.2f}" for k, v in default["parts"].items()))
-        for card in CARDS_GIB:
-            got = settings_for(s, card, coefficients, **lengths)
-            rows.append({"model": name, "card_gib": card, **(got or {})})
-            log(f"  {card:3d} GB: " + (line(got) if got else "does not fit"))
-            if got and not got["gradient_checkpointing"] and got["micro_batch_size"] < 16:
-                alt = settings_for(s, card, coefficients, checkpointing=(True,), **lengths)
-                if alt:
-                    log("     or   " + line(alt))
+    log("\n| model | card | `--micro_batch_size` | `--gen_batch_size` | `--logprob_chunk` | "
+        "`--gradient_checkpointing` | predicted peak | generate / step 5 / update |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for lora in (0, LORA_RANK):
+        for name, s in SHAPES.items():
+            job = real_job(prompt_len, new_tokens, lora)
+            for card in CARDS_GIB:
+                alternatives = [choose(s, job, card * GiB, m=coefficients)]
+                if alternatives[0] and alternatives[0]["micro_batch_size"] < 16 and \
+                        not alternatives[0]["gradient_checkpointing"]:
+                    alternatives.append(choose(s, job, card * GiB, {"gradient_checkpointing": True},
+                                               m=coefficients))
+                for i, got in enumerate(alternatives):
+                    rows.append({"model": name, "lora_rank": lora, "card_gib": card, **(got or {})})
+                    model = name + (f", LoRA rank {lora}" if lora else "")
+                    if got is None:
+                        log(f"| {model} | {card} GB | does not fit | | | | | |")
+                        continue
+                    p = got["predicted"]
+                    log(f"| {model} | {card} GB{', or' if i else ''} | {got['micro_batch_size']} | "
+                        f"{got['gen_batch_size']} | {got['logprob_chunk']} | "
+                        f"{str(got['gradient_checkpointing']).lower()} | "
+                        f"{p['peak'] / GiB:.1f} GiB ({p['peak'] / (card * GiB):.0%}) | "
+                        + " / ".join(f"{p[k] / GiB:.1f}" for k in ("generate", "no_grad", "update"))
+                        + " |")
     return rows
+
+
+def cards(model, gib, lora_rank=0, prompt_len=240, new_tokens=512, log=print):
+    """What `python train.py --model MODEL` sizes `auto` to with `gib` GiB free: its line, and the
+    prediction's share of the card."""
+    job = real_job(prompt_len, new_tokens, lora_rank, model)
+    shape = SHAPES[model]
+    for card in gib:
+        got = choose(shape, job, card * GiB)
+        lora = f" --lora_rank {lora_rank}" if lora_rank else ""
+        log(f"--model {model}{lora}, {card:g} GiB free: " + (
+            f"{describe(got, card * GiB, KNOBS)} ({got['predicted']['peak'] / (card * GiB):.0%})"
+            if got else nothing_fits(shape, job, card * GiB)))
 
 
 if __name__ == "__main__":
@@ -478,9 +513,15 @@ if __name__ == "__main__":
                              "memory (30 s)")
     # --rss_check's fresh process
     parser.add_argument("--rss_step", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--table", default="",
-                        help="only print the table from a --json file (no measuring): to try other "
-                             "margins (RESERVE_GIB, HEADROOM) or lengths")
+    parser.add_argument("--table", nargs="?", const="saved", default="",
+                        help="only print the tables, from machinery/memory.py's saved coefficients "
+                             "or a --json file's (no measuring): to try other margins "
+                             "(RESERVE_GIB, HEADROOM) or lengths")
+    parser.add_argument("--card", type=float, nargs="+", default=[],
+                        help="only print what auto picks for --model with this many GiB free")
+    parser.add_argument("--model", default="Qwen2.5-0.5B", choices=list(SHAPES),
+                        help="for --card")
+    parser.add_argument("--lora_rank", type=int, default=0, help="for --card")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.rss_step:
@@ -491,9 +532,14 @@ if __name__ == "__main__":
         print(f"{RSS_CASE}: the profiler's peak {by_profiler / 2 ** 20:.0f} MiB, the resident "
               f"memory's rise in a fresh process without it {by_rss / 2 ** 20:.0f} MiB")
         sys.exit(0)
+    if args.card:
+        cards(args.model, args.card, args.lora_rank)
+        sys.exit(0)
     if args.table:
-        with open(args.table) as f:
-            saved = json.load(f)
+        saved = {"coefficients": MEASURED, "prompt_len": 240, "new_tokens": 512}
+        if args.table != "saved":
+            with open(args.table) as f:
+                saved = json.load(f)
         table(saved["coefficients"], saved["prompt_len"], saved["new_tokens"])
         sys.exit(0)
     from transformers import AutoTokenizer
