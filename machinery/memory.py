@@ -49,14 +49,14 @@ LORA_TARGETS = 7  # adapters per layer: q, k, v, o, gate, up, down (the LoRA kno
 
 def shape_of(config):
     """The shape this count needs, from a Qwen2 or Llama transformers config (or a dict of it)."""
-    c = config if isinstance(config, dict) else vars(config)
-    heads = c["num_attention_heads"]
-    bias = c.get("attention_bias", c.get("model_type") == "qwen2")  # Qwen2: biases on q, k, v
+    c = config if isinstance(config, dict) else {**vars(config), "model_type": config.model_type}
+    heads, qwen = c["num_attention_heads"], c.get("model_type") == "qwen2"
+    bias = c.get("attention_bias", qwen)  # Qwen2: biases on q, k and v; Llama: on all four, or none
     return dict(vocab=c["vocab_size"], hidden=c["hidden_size"],
                 intermediate=c["intermediate_size"], layers=c["num_hidden_layers"], heads=heads,
                 kv_heads=c.get("num_key_value_heads") or heads, tied=c["tie_word_embeddings"],
                 head_dim=c.get("head_dim") or c["hidden_size"] // heads, qkv_bias=bias,
-                o_bias=bias and c.get("model_type") != "qwen2", mlp_bias=c.get("mlp_bias", False))
+                o_bias=bias and not qwen, mlp_bias=c.get("mlp_bias", False))
 
 
 def head_dim(s):
@@ -286,8 +286,9 @@ def nothing_fits(s, job, free_bytes, given=None, ceiling=16):
     least["gradient_checkpointing"] = given.get("gradient_checkpointing", True)
     need = predict(s, least, job)["peak"] / GiB
     gc = " with gradient checkpointing" if least["gradient_checkpointing"] else ""
-    helps = []
-    if given.get("gradient_checkpointing") is False:
+    helps, auto_gc = [], {k: v for k, v in given.items() if k != "gradient_checkpointing"}
+    if given.get("gradient_checkpointing") is False and choose(s, job, free_bytes, auto_gc,
+                                                               ceiling):
         helps.append("--gradient_checkpointing auto")
     if not job.lora_rank and choose(s, Job(**{**vars(job), "lora_rank": 16, "weight_bytes": 2}),
                                     free_bytes, given, ceiling):
@@ -297,8 +298,9 @@ def nothing_fits(s, job, free_bytes, given=None, ceiling=16):
             helps.append(f"a shorter --max_new_tokens ({t} fits)")
             break
     return (f"the model does not fit the {free_bytes / GiB:.1f} GiB free: even micro-batch "
-            f"{least['micro_batch_size']}{gc} needs {need:.1f} GiB "
-            f"(machinery/memory.py); " + ("what would fit: " + ", or ".join(helps) if helps else
+            f"{least['micro_batch_size']}{gc} needs {need:.1f} GiB, "
+            f"{need * (1 + HEADROOM) + RESERVE_GIB:.1f} with the margins (machinery/memory.py); "
+            + ("what would fit: " + ", or ".join(helps) if helps else
                                           "use a smaller model or a GPU with more memory"))
 
 
@@ -336,8 +338,8 @@ def halve(kind, settings, rows, positions=0, group_size=1):
     G = group_size
     if kind in ("generation", "evaluation"):
         if kind == "generation" and settings["generation"] == "prefix" and G > 1:
-            if rows > G:
-                return {"gen_batch_size": max(G, rows // 2 // G * G)}
+            if max(G, rows // G * G) > G:  # what a call holds: whole groups
+                return {"gen_batch_size": max(G, rows // G * G // 2 // G * G)}
             return {"generation": "plain", "gen_batch_size": min(G // 2, settings["gen_batch_size"]
                                                                  or G)}
         return {"gen_batch_size": rows // 2} if rows > 1 else {}
