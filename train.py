@@ -66,12 +66,13 @@ class Config:
     clip_eps_low: float = pick(grpo=0.2, gspo=3e-4)   # ratio clip 1 - eps_low (gspo: GSPO's own)
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high (gspo: GSPO's own)
     beta: float = 0.0               # k3 KL to the initial model (0: no reference model is kept)
-    # speed and memory: none of these changes what is computed (beyond float rounding)
-    micro_batch_size: int = pick(tiny=128, real=16)  # kept rollouts per forward/backward
-    gen_batch_size: int = 0         # rollouts per generate call (0: all at once)
+    # speed and memory: none of these changes what is computed (beyond float rounding); on a GPU
+    # "auto" sizes them to its free memory at the start (machinery/memory.py), a number given wins
+    micro_batch_size: int = pick(gpu="auto", tiny=128, real=16)  # kept rollouts per fwd/backward
+    gen_batch_size: int = pick(gpu="auto", default=0)  # rollouts per generate call (0: all at once)
     generation: str = "prefix"      # KV cache: prefix (a prompt's, once for its G) | plain | static
-    logprob_chunk: int = 4096       # positions per lm_head chunk: never all (B, T, V) logits
-    gradient_checkpointing: bool = False  # trade compute for activation memory on big models
+    logprob_chunk: int = pick(gpu="auto", default=4096)  # positions per lm_head chunk, never all
+    gradient_checkpointing: bool = pick(gpu="auto", default=False)  # less activation memory, slower
     dtype: str = "auto"             # auto (bf16 autocast on a GPU of 8.0+) | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same every time
@@ -100,6 +101,7 @@ def train(cfg, log=print, given=None):
         if cfg.beta > 0:
             ref_model = load_model(cfg.model, device=device, dtype=weight_dtype(cfg.dtype))[0]
             ref_model.eval().requires_grad_(False)
+        run.size(model, tokenizer, train_set, eval_set)  # on a GPU, "auto": machinery/memory.py
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         disable_dropout(model).train()  # [ours] no dropout: the ratio compares the policy to itself
@@ -108,7 +110,7 @@ def train(cfg, log=print, given=None):
 
         for step in range(run.start, cfg.steps + 1):
             if run.eval_due(step):  # step 0, every eval_every steps, the end
-                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx, run.stop))
+                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx, run))
             if run.save_due(step):  # every save_every steps, the end
                 run.save(step)
             if step == cfg.steps:
@@ -122,11 +124,11 @@ def train(cfg, log=print, given=None):
             # 1. rollout: G samples per prompt, group by group (and the sampler's entropy)
             batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
             prompts = [format_prompt(tokenizer, r["prompt"]) for r in batch]
-            with ctx():  # run.fit: out of memory halves the batch; a signal stops the step here
-                rollouts = run.fit(generate_groups, model, tokenizer, prompts, G,
-                                   cfg.max_new_tokens, cfg.temperature, seed=seed,
-                                   cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
-                                   record_entropy=True, stop=run.stop)
+            with ctx():  # run.fit: out of memory lowers a knob in cfg and calls again; a signal
+                rollouts = run.fit("generation", lambda: generate_groups(  # stops the step here
+                    model, tokenizer, prompts, G, cfg.max_new_tokens, cfg.temperature, seed=seed,
+                    cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
+                    record_entropy=True, stop=run.stop))
             t_gen, t0 = time.time() - t0, time.time()
 
             # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
@@ -146,9 +148,9 @@ def train(cfg, log=print, given=None):
                 # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
                 minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
-                with fb:
-                    old_logp, entropy = run.fit(entropy_and_old_logp, model, kept, minibatches,
-                                                cfg, ctx, method["token"])
+                with fb:  # (a lower --micro_batch_size re-splits `minibatches` in place)
+                    old_logp, entropy = run.fit("no_grad", lambda: entropy_and_old_logp(
+                        model, kept, minibatches, cfg, ctx, method["token"]), minibatches)
 
                 # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
                 token_mask = valid
@@ -160,8 +162,8 @@ def train(cfg, log=print, given=None):
                 # the first runs on the policy that sampled: ratio exactly 1 (logp_old = logp)
                 for i, mb in enumerate(minibatches):
                     with fb:
-                        u = run.fit(backward, model, kept, mb, adv_kept, token_mask,
-                                    old_logp if i else None, cfg, ctx, ref_model)
+                        u = run.fit("update", lambda: backward(model, kept, mb, adv_kept,
+                            token_mask, old_logp if i else None, cfg, ctx, ref_model), minibatches)
                     if u is not None:  # None: nothing to learn in this mini-batch, no update
                         # once a weight moves, a signal waits for the step's end (run.end_step)
                         u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"]))
@@ -299,12 +301,12 @@ def optimizer_step(model, optimizer, grad_clip, loss):
             "zero_grad": int(zero)}  # the step line counts the updates not applied, and says why
 
 
-def held_out(model, tokenizer, eval_set, cfg, ctx, stop=None):
-    """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's)."""
+def held_out(model, tokenizer, eval_set, cfg, ctx, run):
+    """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's), in run.fit."""
     with ctx():
-        out = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0,
-                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size or 256,
-                       stop=stop)
+        out = run.fit("evaluation", lambda: evaluate(
+            model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.gen_batch_size or 256, stop=run.stop, halve=False))
     return out["accuracy"]
 
 
