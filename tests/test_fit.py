@@ -154,6 +154,31 @@ def test_the_held_out_evaluation_halves_through_run_fit_and_keeps_it(tmp_path, t
     assert history[0] == history[1] and len(history[0]) == 3
 
 
+def test_eval_py_lowers_its_batch_by_the_same_rule(tiny_dir, capsys):
+    """eval.py keeps its own --batch_size and lowers it by memory.halve: 16 rows (two problems' 8
+    samples) on a card that holds 4 go to 8 (one group: the prefix cache holds a problem's samples
+    in one call), then to the plain cache at 4, with the same samples. (Halving the rows alone,
+    16 -> 8 -> 4 -> 2 -> 1, kept 8 rows a call and stopped.)"""
+    from eval import evaluate
+    model, tokenizer = train.load_model(tiny_dir, device="cpu")
+    problems = load_problems("tiny", "test")[:3]
+    want = evaluate(model, tokenizer, problems, n=8, temperature=1.0, max_new_tokens=16, seed=0,
+                    batch_size=4)["records"]
+    refused = []
+
+    def check(module, args, kwargs):
+        if kwargs["input_ids"].shape[0] > 4:
+            refused.append(kwargs["input_ids"].shape[0])
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    model.get_decoder().register_forward_pre_hook(check, with_kwargs=True)
+    got = evaluate(model, tokenizer, problems, n=8, temperature=1.0, max_new_tokens=16, seed=0,
+                   batch_size=16)["records"]
+    assert got == want and refused == [16, 8]
+    assert capsys.readouterr().err.splitlines() == [
+        "eval: out of memory: --batch_size 16 -> 8, the batch redone",
+        "eval: out of memory: cache prefix -> plain, --batch_size 8 -> 4, the batch redone"]
+
+
 def test_fit_is_told_the_pass_and_never_hides_the_error(tmp_path, tiny_dir):
     """run.fit takes the pass by name and calls fn again with the setting lowered in cfg: a
     generate call that passes its batch size positionally is halved like any other (it was taken
