@@ -42,7 +42,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery.memory import (CARDS_GIB, KNOBS, MEASURED, SHAPES, GiB,  # noqa: E402
+from machinery.memory import (CARDS_GIB, KNOBS, MEASURED, SHAPES, GiB, Job,  # noqa: E402
                               base_act_bytes, choose, describe, job_of, kv_bytes_per_token,
                               layer_act_bytes, layer_params, nothing_fits, param_count, predict)
 
@@ -262,6 +262,52 @@ def rss_check():
     got = measure_update(build(c["layers"], SHAPES["Qwen2.5-0.5B"]), c["rows"], c["prompt_len"],
                          c["new_tokens"], c["kept"], c["chunk"])
     return max(got["head"], got["decoder"], got["embedding"]), int(run.stdout.split()[-1])
+
+
+def lora(model, rank):
+    """model with its base frozen in bf16 and PEFT's LoRA adapters (float32, PEFT's default for a
+    2-byte base) on each layer's seven linears, as the LoRA knob holds it on a bf16 GPU; float32
+    gradients allocated for the adapters. -> the adapted transformers model inside PEFT's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    for p in model.parameters():
+        p.grad = None
+    model = get_peft_model(model.to(torch.bfloat16), LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj"]))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    return model.base_model.model
+
+
+def lora_check(rank=16, log=print):
+    """Step 7 on a LoRA micro-batch at Qwen2.5-0.5B's width (one layer, the real vocabulary, rank
+    16), measured as above, against predict()'s count for that one-layer shape: the peak above the
+    weights and gradients, for a few rows and kept positions. (update_step's hook on the
+    embedding's output does not apply: a frozen embedding's output needs no gradient.)"""
+    import torch
+    from rollout import completion_hidden, head_logprobs
+    shape, P, T = dict(SHAPES["Qwen2.5-0.5B"], layers=1), 240, 512
+    model = lora(build(1, shape), rank)
+    for rows, kept in ((2, 64), (2, 1024), (1, 512)):
+        ids, mask, keep = batch(rows, P, T, shape["vocab"], kept)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                hidden = completion_hidden(model, ids, mask, P)
+                logp, _ = head_logprobs(model, hidden, ids[:, P:], keep, 1.0, False, 4096)
+            (-logp.sum()).backward()
+        measured = peak(timeline(step)[0])
+        job = Job(prompt_len=P, new_tokens=T, lora_rank=rank, weight_bytes=2,
+                  token_share=kept / (rows * T))
+        got = predict(shape, dict(zip(KNOBS, (rows, 0, 4096, False))), job)
+        counted = got["update"] - got["parts"]["weights, gradients, moments"] - \
+            got["parts"]["bf16 copies"]
+        log(f"LoRA rank {rank}, one layer at Qwen2.5-0.5B's width, {rows} rollouts of {P} + {T} "
+            f"tokens, {kept} kept: measured {measured / 2 ** 20:.0f} MiB, counted "
+            f"{counted / 2 ** 20:.0f} MiB")
 
 
 def fit_layers(points):
@@ -517,6 +563,9 @@ if __name__ == "__main__":
                         help="only print the tables, from machinery/memory.py's saved coefficients "
                              "or a --json file's (no measuring): to try other margins "
                              "(RESERVE_GIB, HEADROOM) or lengths")
+    parser.add_argument("--lora_check", action="store_true",
+                        help="only measure a LoRA update at the real width against the count "
+                             "(needs peft)")
     parser.add_argument("--card", type=float, nargs="+", default=[],
                         help="only print what auto picks for --model with this many GiB free")
     parser.add_argument("--model", default="Qwen2.5-0.5B", choices=list(SHAPES),
@@ -534,6 +583,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if args.card:
         cards(args.model, args.card, args.lora_rank)
+        sys.exit(0)
+    if args.lora_check:
+        lora_check()
         sys.exit(0)
     if args.table:
         saved = {"coefficients": MEASURED, "prompt_len": 240, "new_tokens": 512}

@@ -32,21 +32,9 @@ def test_layer_activations_are_the_inventory():
 
 
 def lora_model(layers, shape, rank):
-    """memory.build's model with its base frozen in bf16 and PEFT's LoRA adapters (float32) on the
-    seven linears of each layer, as the LoRA knob's interface holds it on a GPU."""
-    import torch
-    peft = pytest.importorskip("peft")
-    model = memory.build(layers, shape)
-    for p in model.parameters():
-        p.grad = None
-    model = peft.get_peft_model(model.to(torch.bfloat16), peft.LoraConfig(
-        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"]))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.grad = torch.zeros_like(p)
-    return model
+    """memory.build's model with LoRA as the knob holds it on a bf16 GPU (memory.lora)."""
+    pytest.importorskip("peft")
+    return memory.lora(memory.build(layers, shape), rank)
 
 
 def test_lora_counts_are_peft_s():
@@ -83,7 +71,7 @@ def test_lora_layer_activations_are_the_inventory():
     for rank in (8, 16):
         got = {}
         for layers in (1, 2):
-            model = lora_model(layers, TINY, rank).base_model.model
+            model = lora_model(layers, TINY, rank)
             for rows in (1, 2):
                 got[layers, rows] = held(model, rows)
         per_token = (got[2, 2] - got[2, 1] - got[1, 2] + got[1, 1]) / 48
