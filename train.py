@@ -302,7 +302,7 @@ def optimizer_step(model, optimizer, grad_clip, loss):
 
 
 def held_out(model, tokenizer, eval_set, cfg, ctx, run):
-    """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's), in run.fit."""
+    """Greedy accuracy on the held-out prompts (eval.evaluate, as eval.py's), in run.fit."""
     with ctx():
         out = run.fit("evaluation", lambda: evaluate(
             model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,

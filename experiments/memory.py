@@ -504,7 +504,7 @@ def table(coefficients=MEASURED, prompt_len=240, new_tokens=512, log=print):
             "CPU's values (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
             f"{default['peak'] / GiB:.1f} GiB\n  their parts, GiB: "
             + ", ".join(f"{k} {v / GiB:.2f}" for k, v in default["parts"].items()))
-    log("\n| model | card | `--micro_batch_size` | `--gen_batch_size` | `--logprob_chunk` | "
+    log("\n| model | free | `--micro_batch_size` | `--gen_batch_size` | `--logprob_chunk` | "
         "`--gradient_checkpointing` | predicted peak | generate / step 5 / update |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for lora in (0, LORA_RANK):
@@ -520,10 +520,11 @@ def table(coefficients=MEASURED, prompt_len=240, new_tokens=512, log=print):
                     rows.append({"model": name, "lora_rank": lora, "card_gib": card, **(got or {})})
                     model = name + (f", LoRA rank {lora}" if lora else "")
                     if got is None:
-                        log(f"| {model} | {card} GB | does not fit | | | | | |")
+                        log(f"| {model} | {card} GiB | does not fit | | | | | |")
                         continue
                     p = got["predicted"]
-                    log(f"| {model} | {card} GB{', or' if i else ''} | {got['micro_batch_size']} | "
+                    log(f"| {model} | {card} GiB{', or' if i else ''} | "
+                        f"{got['micro_batch_size']} | "
                         f"{got['gen_batch_size']} | {got['logprob_chunk']} | "
                         f"{str(got['gradient_checkpointing']).lower()} | "
                         f"{p['peak'] / GiB:.1f} GiB ({p['peak'] / (card * GiB):.0%}) | "
