@@ -147,13 +147,17 @@ def job_of(cfg, prompt_len):
     meets the data's longest."""
     B, M, K = cfg.prompts_per_step * cfg.group_size, cfg.minibatch_size, cfg.updates_per_batch
     kept_min = max(1, math.floor(min(cfg.s_init, cfg.s_final) * B + 0.5))
+    off_policy = K > 1 or M > 0  # mini-batches 2..K have logp_old
     lora = getattr(cfg, "lora_rank", 0)
-    return Job(prompt_len, cfg.max_new_tokens, B, cfg.group_size, cfg.eval_size,
-               cfg.generation == "prefix", K == 1 or kept_min <= M, kept_min,
-               max(cfg.t_init, cfg.t_final),
-               (1 - min(cfg.t_init, cfg.t_final)) * (cfg.loss == "gspo" and (K > 1 or M > 0)),
-               cfg.beta > 0, lora, 2 if lora or cfg.dtype == "bfloat16" else 4,
-               cfg.dtype in ("auto", "float16"), 2 if cfg.optimizer == "adamw" else 1)
+    return Job(prompt_len=prompt_len, new_tokens=cfg.max_new_tokens, rollouts=B,
+               group_size=cfg.group_size, eval_size=cfg.eval_size,
+               prefix=cfg.generation == "prefix", one_update=K == 1 or kept_min <= M,
+               kept_min=kept_min, token_share=max(cfg.t_init, cfg.t_final),
+               gspo_share=(1 - min(cfg.t_init, cfg.t_final)) * (cfg.loss == "gspo" and off_policy),
+               reference=cfg.beta > 0, lora_rank=lora,
+               weight_bytes=2 if lora or cfg.dtype == "bfloat16" else 4,
+               autocast=cfg.dtype in ("auto", "float16"),
+               moments=2 if cfg.optimizer == "adamw" else 1)
 
 
 def generation_rows(gen_batch_size, job):
