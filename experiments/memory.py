@@ -1,7 +1,8 @@
 """
-GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU.
-experiments/speed.md ("Memory by card size") holds this script's table and says which figure is
-measured and which counted.
+GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU: the
+coefficients machinery/memory.py's counts take (it holds them, and train.py's `auto` knobs use
+them). experiments/speed.md ("Memory by card size") holds this script's tables and says which
+figure is measured and which counted.
 
 Not measured on a GPU yet. What train.py holds on a GPU is what it holds on a CPU under bf16
 autocast: the same operators save the same tensors for backward, in the same dtypes. Attention, the
@@ -25,12 +26,16 @@ keeps no statistics of its own). A step's peak, phase by phase:
               checkpointing's activations and recompute; a generate call's transient per row
   checked     the KV cache, read from the generate call's own cache: 2 x kv_heads x head_dim x 2
               bytes per token and layer (bf16 keys and values)
-  computed    a whole model's figures from these (predict), and the settings for each card
-              (settings_for)
+  computed    a whole model's figures from these (machinery/memory.predict), and the settings
+              `auto` picks for each card (memory.choose)
 
     python experiments/memory.py                          # one thread, about 3 minutes, 7.5 GB RAM
     python experiments/memory.py --json out/memory.json   # also every measurement and the table
-    python experiments/memory.py --table out/memory.json  # the table again from those, at once
+    python experiments/memory.py --table                  # the tables from the saved coefficients
+    python experiments/memory.py --table out/memory.json  # ... or from those of a --json file
+    python experiments/memory.py --card 16 24 80          # what auto picks with this many GiB free
+    python experiments/memory.py --card 24 --model Qwen2.5-1.5B --lora_rank 16
+    python experiments/memory.py --lora_check  # a LoRA update measured against the count
     python experiments/memory.py --rss_check   # the profiler's peak against a fresh process's RSS
     # where ../shared is absent (the defaults are ../shared's)
     python experiments/memory.py --tokenizer DIR --data_dir DIR
