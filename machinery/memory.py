@@ -33,7 +33,6 @@ SHAPES = {
     "Qwen2.5-7B": dict(vocab=152064, hidden=3584, intermediate=18944, layers=28, heads=28,
                        kv_heads=4, tied=False),
 }
-CARDS_GIB = (80, 40, 24, 16)
 # [ours] What the memory free must keep beside the predicted peak: cuBLAS and attention workspaces
 # and the CUDA context where it is not counted yet (0.5-1 GB, outside torch's counters), and a tenth
 # for the caching allocator's fragmentation and what this count leaves out (small tensors, the
