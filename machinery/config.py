@@ -206,7 +206,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 def auto_or(parse):
     """A knob whose value may be `auto` (a pick() with gpu="auto"), else what parse reads."""
-    return lambda text: "auto" if text == "auto" else parse(text)
+    def read(text):
+        if text == "auto":
+            return text
+        try:
+            return parse(text)
+        except (ValueError, argparse.ArgumentTypeError):
+            what = "a boolean; use true, false" if parse is parse_bool else "an integer; use one"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} or auto") from None
+    return read
 
 
 def parse_bool(text):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import train
-from conftest import rows, weights
+from conftest import exit_2, rows, weights
 from machinery import config, memory
 from machinery.data import format_prompt, load_problems
 from machinery.run import Run, out_of_memory
@@ -303,6 +303,7 @@ def test_nothing_that_fits_is_one_line_before_any_step(tmp_path, tiny_dir, monke
 
 
 def test_help_reads_plainly(capsys):
+    """--help shows auto beside the CPU's values; a flag takes a number or auto, else one line."""
     with pytest.raises(SystemExit):
         config.parse_args(train.Config, ["--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -311,3 +312,7 @@ def test_help_reads_plainly(capsys):
     cfg, given = config.parse_args(train.Config, ["--micro_batch_size", "auto",
                                                   "--gen_batch_size", "64"])
     assert (cfg.micro_batch_size, cfg.gen_batch_size) == ("auto", 64)
+    assert "'foo' is not an integer; use one or auto" in exit_2(["--micro_batch_size", "foo"],
+                                                               capsys)
+    assert "'maybe' is not a boolean; use true, false or auto" in exit_2(
+        ["--gradient_checkpointing", "maybe"], capsys)
