@@ -43,12 +43,12 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
 Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer,
 reference, correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl),
 and the table as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and
-generated in batches; on a CUDA out-of-memory error the batch is halved and retried. Sampling is
-seeded per benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size or on a
-halving (rollout.py draws each row's random numbers from the seed, the row and the position alone).
-That holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the logits themselves
-change with batch shape, so --batch_size or a halving can change a sample (or a greedy completion)
-there.
+generated in batches; out of memory lowers the batch as train.py's generation does and redoes it.
+Sampling is seeded per benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size
+or on a halving (rollout.py draws each row's random numbers from the seed, the row and the
+position alone). That holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the
+logits themselves change with batch shape, so --batch_size or a halving can change a sample (or a
+greedy completion) there.
 """
 import argparse
 import json
@@ -60,7 +60,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from machinery import data
+from machinery import data, memory
 from reward import extract_answer, grade
 from rollout import draw_seed, generate_groups
 
@@ -95,12 +95,15 @@ def pass_ks(n):
 
 
 def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64,
-             top_p=1.0, progress=False, desc="eval", seed=None, stop=None):
+             top_p=1.0, progress=False, desc="eval", seed=None, stop=None, halve=True):
     """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py),
     grade them.
 
-    batch_size: completions per `generate` call (halved on CUDA out-of-memory). stop: a stopping
-    criterion that ends generation early (train.py's, on a signal: it then discards the result).
+    batch_size: completions per `generate` call. Out of memory lowers it as train.py's generation
+    does (machinery/memory.halve: whole groups of n, then the plain cache) and redoes the batch;
+    halve=False leaves the error to the caller (train.py: run.fit lowers and records
+    --gen_batch_size). stop: a stopping criterion that ends generation early (train.py's, on a
+    signal: it then discards the result).
     seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed
     gives the same samples whatever batch_size, an out-of-memory halving or other random draws (bit
     for bit on a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape,
@@ -142,18 +145,32 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     with torch.random.fork_rng(devices=devices, enabled=nucleus):
         if nucleus:
             torch.manual_seed(seed)
-        done = 0
+        done, cache = 0, "prefix"
         while done < len(order):
             chunk = order[done:done + max(1, batch_size // n)]  # problems in this batch
             # rows are numbered over the whole evaluation (longest prompt first, n per problem), so
             # each sample's random numbers are the same whatever the batch: first_row = done * n
-            rollouts = _generate_or_halve(model, tokenizer, [prompts[i] for i in chunk], n,
-                                          max_new_tokens, temperature, top_p, batch_size,
-                                          seed if own_sampler else None, done * n, stop)
-            if rollouts is None:  # out of memory: retry this chunk with half the batch
-                batch_size //= 2
-                tqdm.write(f"{desc}: CUDA out of memory, retrying with batch_size {batch_size}",
-                           file=sys.stderr)
+            try:
+                rollouts = generate_groups(model, tokenizer, [prompts[i] for i in chunk], n,
+                                           max_new_tokens, temperature=temperature, top_p=top_p,
+                                           batch_size=batch_size, cache=cache, first_row=done * n,
+                                           seed=seed if own_sampler else None, stop=stop)
+            except torch.OutOfMemoryError:
+                if not halve:
+                    raise
+                rollouts = None  # out of the except first: its traceback holds the batch's tensors
+            if rollouts is None:  # out of memory: this batch again, with less
+                now = {"generation": cache, "gen_batch_size": batch_size}
+                lower = memory.halve("generation", now, min(batch_size, len(chunk) * n),
+                                     group_size=n)
+                if not lower:
+                    raise torch.OutOfMemoryError(f"{desc}: out of memory with --batch_size 1")
+                cache, batch_size = lower.get("generation", cache), lower["gen_batch_size"]
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                tqdm.write(f"{desc}: out of memory: " + ", ".join(
+                    f"{'--batch_size' if k == 'gen_batch_size' else 'cache'} {now[k]} -> {v}"
+                    for k, v in lower.items()) + ", the batch redone", file=sys.stderr)
                 continue
             lens = rollouts.lengths.tolist()
             cut = rollouts.truncated.tolist()
@@ -171,22 +188,6 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     bar.close()
     return {**summarize(records, n), "temperature": temperature, "seconds": time.time() - t0,
             "records": records}
-
-
-def _generate_or_halve(model, tokenizer, prompts, n, max_new_tokens, temperature, top_p, batch_size,
-                       seed, first_row, stop=None):
-    """generate_groups, or None after a CUDA out-of-memory error when the batch can still be
-    halved."""
-    try:
-        return generate_groups(model, tokenizer, prompts, n, max_new_tokens,
-                               temperature=temperature, top_p=top_p, batch_size=batch_size,
-                               seed=seed, first_row=first_row, stop=stop)
-    except torch.OutOfMemoryError:
-        if batch_size == 1:
-            raise
-    # outside the except block, so the traceback (and the tensors it holds) is gone
-    torch.cuda.empty_cache()
-    return None
 
 
 def summarize(records, n):
@@ -230,7 +231,7 @@ def parse_args(argv=None):
                    help="folder of local copies: NAME/test.jsonl (gsm8k/test.jsonl, "
                         "math500/test.jsonl, ...)")
     p.add_argument("--batch_size", type=int, default=64,
-                   help="completions per generate call (halved on OOM)")
+                   help="completions per generate call (lowered on out of memory, as train.py's)")
     p.add_argument("--out", default=None,
                    help="JSONL of every generation (default out/eval/<model>.jsonl); "
                         "the table goes to the same stem + .json")

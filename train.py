@@ -69,12 +69,12 @@ class Config:
     clip_eps_high: float = pick(grpo=0.2, gspo=4e-4)  # ratio clip 1 + eps_high (gspo: GSPO's own)
     beta: float = 0.0               # k3 KL to the initial model (0: no reference model is kept)
     lora_rank: int = 0              # LoRA's rank: only its adapters train (0: every weight trains)
-    # speed and memory: none of these changes what is computed (beyond float rounding)
-    micro_batch_size: int = pick(tiny=128, real=16)  # kept rollouts per forward/backward
-    gen_batch_size: int = 0         # rollouts per generate call (0: all at once)
+    # speed and memory, none changes what is computed; on a GPU "auto" fits them to its memory
+    micro_batch_size: int = pick(gpu="auto", tiny=128, real=16)  # kept rollouts per fwd/backward
+    gen_batch_size: int = pick(gpu="auto", default=0)  # rollouts per generate call (0: all at once)
     generation: str = "prefix"      # KV cache: prefix (a prompt's, once for its G) | plain | static
-    logprob_chunk: int = 4096       # positions per lm_head chunk: never all (B, T, V) logits
-    gradient_checkpointing: bool = False  # trade compute for activation memory on big models
+    logprob_chunk: int = pick(gpu="auto", default=4096)  # positions per lm_head chunk, never all
+    gradient_checkpointing: bool = pick(gpu="auto", default=False)  # less activation memory, slower
     dtype: str = "auto"             # auto (autocast on a GPU) | float16 | float32 | bfloat16
     # evaluation, logging, checkpoints
     eval_size: int = pick(tiny=200, real=500)  # held-out test prompts, greedy, the same every time
@@ -102,6 +102,7 @@ def train(cfg, log=print, given=None):
         if run.state is None:  # fresh: LoRA's adapters (rank 0: none), a LoRA --model merged first
             model = with_lora(model, cfg.lora_rank, cfg.model, cfg.seed)
         ref_model = reference_model(model, cfg, device)  # the KL term's frozen initial model
+        run.size(model, tokenizer, train_set, eval_set)  # on a GPU, "auto": machinery/memory.py
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         disable_dropout(model).train()  # [ours] no dropout: the ratio compares the policy to itself
@@ -111,7 +112,7 @@ def train(cfg, log=print, given=None):
 
         for step in range(run.start, cfg.steps + 1):
             if run.eval_due(step):  # step 0, every eval_every steps, the end
-                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx, run.stop))
+                run.evaluated(step, held_out(model, tokenizer, eval_set, cfg, ctx, run))
             if run.save_due(step):  # every save_every steps, the end
                 run.save(step)
             if step == cfg.steps:
@@ -125,11 +126,11 @@ def train(cfg, log=print, given=None):
             # 1. rollout: G samples per prompt, group by group (and the sampler's entropy)
             batch = batch_at(train_set, step, cfg.prompts_per_step, cfg.seed)
             prompts = [format_prompt(tokenizer, r["prompt"]) for r in batch]
-            with ctx():  # run.fit: out of memory halves the batch; a signal stops the step here
-                rollouts = run.fit(generate_groups, model, tokenizer, prompts, G,
-                                   cfg.max_new_tokens, cfg.temperature, seed=seed,
-                                   cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
-                                   record_entropy=True, stop=run.stop)
+            with ctx():  # run.fit: out of memory lowers a knob in cfg and calls again; a signal
+                rollouts = run.fit("generation", lambda: generate_groups(  # stops the step here
+                    model, tokenizer, prompts, G, cfg.max_new_tokens, cfg.temperature, seed=seed,
+                    cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
+                    record_entropy=True, stop=run.stop))
             t_gen, t0 = time.time() - t0, time.time()
 
             # 2. reward: 1 when the final answer is right; no answer scores 0 and is counted
@@ -149,9 +150,9 @@ def train(cfg, log=print, given=None):
                 # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
                 minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
-                with fb:
-                    old_logp, entropy = run.fit(entropy_and_old_logp, model, kept, minibatches,
-                                                cfg, ctx, method["token"])
+                with fb:  # (a lower --micro_batch_size re-splits `minibatches` in place)
+                    old_logp, entropy = run.fit("no_grad", lambda: entropy_and_old_logp(
+                        model, kept, minibatches, cfg, ctx, method["token"]), minibatches)
 
                 # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
                 token_mask = valid
@@ -164,8 +165,9 @@ def train(cfg, log=print, given=None):
                 # 7. K updates (or ceil(N / M)), one per shuffled mini-batch; the first's ratio is 1
                 for i, mb in enumerate(minibatches):
                     with fb:
-                        u = run.fit(backward, model, kept, mb, adv_kept, token_mask,
-                                    old_logp if i else None, cfg, ctx, ref_model, scaler)
+                        u = run.fit("update", lambda: backward(
+                            model, kept, mb, adv_kept, token_mask, old_logp if i else None, cfg,
+                            ctx, ref_model, scaler), minibatches)
                     if u is not None:  # None: nothing to learn; once a weight moves, signals wait
                         u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"], scaler))
                         updates.append(u)
@@ -195,14 +197,13 @@ def minibatch_rows(n, cfg, generator):
 
 
 def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
-    """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None, from the
-    policy that sampled, with as few extra passes as possible (docs/algorithm.md):
+    """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None (no entropy
+    without a token score), from the policy that sampled, in as few passes as possible:
       K > 1                   one no-grad forward gives both, on step 7's micro-batches; logp_old
                               only for mini-batches 2..K (the first takes logp_old = logp itself)
       K = 1, one micro-batch  no logp_old (the ratio is 1); the entropy from the gradient forward
                               itself, which runs now and is kept on the piece for step 7
-      K = 1, several          [ours] the entropy recorded while sampling (machinery/sampling.py)
-    The entropy is needed only for token selection by a score (not by the random control)."""
+      K = 1, several          [ours] the entropy recorded while sampling (machinery/sampling.py)"""
     select, valid, K = token_mode not in ("none", "random"), kept.completion_mask, len(minibatches)
     parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
     if K == 1 and (not select or len(parts) > 1):
@@ -224,10 +225,9 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
 
 
 def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None, scaler=None):
-    """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens,
-    divided by --divisor's d_i, and its gradient, accumulated micro-batch by micro-batch. old_logp
-    None: the policy has not moved since it sampled (K = 1, or the step's first mini-batch), so the
-    ratio is exactly 1. Returns the statistics, or None when the mini-batch has nothing to learn."""
+    """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens
+    over --divisor's d_i, and its gradient, micro-batch by micro-batch. old_logp None: the policy
+    that sampled (K = 1, or the first mini-batch): ratio exactly 1. -> the statistics, or None."""
     valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
     # [ours] no kept token with A != 0 (and beta = 0): the gradient is exactly 0, so no update
     learn = token_mask if cfg.beta > 0 else token_mask & (adv != 0)[:, None]
@@ -307,12 +307,12 @@ def optimizer_step(model, optimizer, grad_clip, loss, scaler):
             "nonfinite": int(nonfinite and not skip), "scaler_skip": int(skip)}  # in the step line
 
 
-def held_out(model, tokenizer, eval_set, cfg, ctx, stop=None):
-    """Greedy accuracy on the held-out prompts (eval.evaluate, the same as eval.py's)."""
+def held_out(model, tokenizer, eval_set, cfg, ctx, run):
+    """Greedy accuracy on the held-out prompts (eval.evaluate, as eval.py's), in run.fit."""
     with ctx():
-        out = evaluate(model, tokenizer, eval_set, n=1, temperature=0.0,
-                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size or 256,
-                       stop=stop)
+        out = run.fit("evaluation", lambda: evaluate(
+            model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.gen_batch_size or 256, stop=run.stop, halve=False))
     return out["accuracy"]
 
 

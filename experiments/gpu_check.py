@@ -1,46 +1,61 @@
 """
-GPU check: a few D3S steps of train.py on a Qwen2.5-0.5B-shaped model, at the README's real-run
-defaults, then one step with --loss gspo, to measure what only a GPU shows:
-  - seconds per step (generate / update);
-  - peak GPU memory, allocated and reserved: the reserved peak (what the caching allocator held) is
-    what decides whether a card fits; the allocated peak is what the tensors needed;
-  - each step's ratio over its first mini-batch (ratio_first, clip_first in log.jsonl: exactly 1 and
-    0 by construction) and over all mini-batches (ratio_min, ratio_max, clip_frac): how far bf16
-    autocast moves the ratio of mini-batches 2..K, against GRPO's clip of 0.2 and GSPO's 3e-4 /
-    4e-4;
-  - the KV cache's key and value dtypes in each cache mode (prefix, plain, static) under the run's
-    autocast, and the seconds each mode takes (static includes its compilation on a GPU).
+GPU check: train.py's real command on a card, to measure what only a GPU shows. The model is
+Qwen2.5-0.5B's architecture built from its config with random weights and the real Qwen2.5
+tokenizer (there is no hub on the GPU machine). A random model never writes a stop token, so every
+completion runs to max_new_tokens (generation's slowest case, and the memory prediction's worst),
+and never answers right, so the rewards are bench_speed.py's seeded coin flips (with the real
+grader every advantage would be 0 and train.py would skip every update, measuring nothing). In
+order of need, each part said in a few lines as it ends and written to OUT/summary.json:
 
-There is no hub on the GPU machine either, so the model is Qwen2.5-0.5B's architecture built from
-its config with random weights, and the tokenizer is the real Qwen2.5 one from a local folder. A
-random model never writes a stop token: every completion runs to max_new_tokens, which makes this
-the slowest case for generation (a trained model stops earlier). It never answers right either, so
-the rewards are bench_speed.py's seeded coin flips: with the real grader every advantage would be 0
-and train.py would skip every update, measuring nothing.
+  auto      `python train.py --model Qwen2.5-0.5B` (D3S, 32 x 8 rollouts, 512 new tokens, K = 4) on
+            the whole card, its memory knobs `auto`: what Run.size chose, the predicted peak of each
+            phase (machinery/memory.py) against the peak GPU memory allocated and reserved, seconds
+            per step (generation / update), whether an out-of-memory retry was needed
+  24 GiB,   the same on a card of that size, simulated by torch.cuda.set_per_process_memory_fraction
+  16 GiB
+  lora      LoRA (--lora_rank 16) on the largest Qwen2.5 the memory table says fits --lora_gib free
+            (7B on 80), on a card of that size; where this train.py has the knob
+  float16   --dtype float16 forced, a T4's path (float16 autocast, a gradient scaler); where this
+            train.py has it
+  methods   --method grpo, grpo-filter (where d3s.METHODS has it) and d3s (the auto part): seconds
+            per step split into generation and update, generation's share, generated tokens per
+            second, each step's ratio and clip share over its first mini-batch (ratio_first,
+            clip_first: exactly 1 and 0 by construction) and over all (how far bf16 moves 2..K)
+  generation  each --generation mode (prefix, plain, static) on the real batch at 128 new tokens:
+            seconds (static after its compilation, which the first call pays) and tokens per
+            second, and the KV cache's dtypes under the run's autocast
 
-    python experiments/gpu_check.py --tokenizer Qwen/Qwen2.5-0.5B                  # with a hub
-    python experiments/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA  # offline copies
-    # a 2-layer model and a small batch, on a CPU, in a minute
-    python experiments/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 \
+Only the auto part evaluates (64 held-out prompts, greedy); the others skip train.py's evaluation
+to save time. Expected duration on one H200, by estimate from the shapes (no GPU run yet): about
+6-7 minutes, LoRA on 7B (its random weights built and saved: 15 GB) the longest part; no part
+starts after --budget seconds, so it ends inside a 10-minute limit.
+
+    python experiments/gpu_check.py --tokenizer TOKENIZER_FOLDER --data_dir DATA
+    # a 2-layer, 64-wide model of the same vocabulary and a small batch, on a CPU, in minutes
+    python experiments/gpu_check.py --dry_run --tokenizer ../shared/tokenizers/qwen2.5 \\
         --data_dir ../shared/data
-Extra arguments go to train.py (e.g. --generation static --micro_batch_size 8).
+Extra arguments go to every train.py run (e.g. --generation static).
 """
 import argparse
+import dataclasses
+import gc
 import json
 import os
 import sys
 import time
+import types
 
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import bench_speed  # noqa: E402
-from machinery import config  # noqa: E402
+import d3s  # noqa: E402
+from machinery import config, memory  # noqa: E402
 from machinery import model as models  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
-from machinery.data import format_prompt  # noqa: E402
+from machinery.data import format_prompt, load_problems  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B",
@@ -48,137 +63,223 @@ parser.add_argument("--tokenizer", default="Qwen/Qwen2.5-0.5B",
 parser.add_argument("--data_dir", default="",
                     help="local copies laid out as NAME/SPLIT.jsonl ('': the hub)")
 parser.add_argument("--out", default="out/gpu_check")
-parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--steps", type=int, default=2, help="steps of the auto and method parts")
+parser.add_argument("--budget", type=float, default=420,
+                    help="seconds after which no part starts (each takes up to two minutes)")
+parser.add_argument("--lora_gib", type=float, default=80, help="the card the LoRA part simulates")
 parser.add_argument("--dry_run", action="store_true",
                     help="a 2-layer, 64-wide model of the same vocabulary and a small batch: "
                          "this script on a CPU")
 args, rest = parser.parse_known_args()
-
-# Qwen2.5-0.5B's config.json, as published (24 layers, 896 wide, GQA 14/2 heads, tied embeddings)
-shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-             num_key_value_heads=2)
-if args.dry_run:
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2)
-qwen_config = Qwen2Config(
-    vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643, **shape,
-)
-folder = os.path.join(args.out, "qwen2.5-0.5b-random")
+cuda, started = torch.cuda.is_available(), time.time()
+device = "cuda" if cuda else "cpu"
 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-torch.manual_seed(0)
-model = Qwen2ForCausalLM(qwen_config)
-# <|im_end|>, <|endoftext|> as in the instruct models
-model.generation_config.eos_token_id = [151645, 151643]
-model.generation_config.pad_token_id = 151643
-model.save_pretrained(folder)
-tokenizer.save_pretrained(folder)
-print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, saved to {folder}",
-      flush=True)
-del model
-
-cuda = torch.cuda.is_available()
+SMALL = ["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "16",
+         "--eval_size", "4"]  # --dry_run
 
 
-def peaks():
-    """(allocated, reserved) peak GiB since the last reset, or (None, None) on a CPU."""
-    if not cuda:
-        return None, None
-    return torch.cuda.max_memory_allocated() / 2 ** 30, torch.cuda.max_memory_reserved() / 2 ** 30
+def build(name, folder, dtype=torch.float32):
+    """Qwen2.5 `name`'s architecture (its published config.json; --dry_run: 2 layers, 64 wide),
+    random weights in `dtype`, saved with the real tokenizer -> the folder."""
+    s = memory.SHAPES[name]
+    if args.dry_run:
+        s = dict(s, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2)
+    torch.manual_seed(0)
+    with torch.device(device):  # 7B's weights are made in seconds on a GPU
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+            num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+            num_key_value_heads=s["kv_heads"], tie_word_embeddings=s["tied"],
+            max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+            bos_token_id=151643, eos_token_id=151643)).to(dtype)
+    model.generation_config.eos_token_id = [151645, 151643]  # <|im_end|>, <|endoftext|>
+    model.generation_config.pad_token_id = 151643
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, random, "
+          f"saved to {folder}", flush=True)
+    del model
+    gc.collect()
+    return folder
 
 
-STEP_FIELDS = ("step", "kept", "rollouts", "tokens", "valid", "length", "t_gen", "t_upd", "updates",
-               "zero_grad", "nonfinite", "grad_norm", "ratio_first", "clip_first", "ratio_min",
-               "ratio_max", "clip_frac")
+def longest_prompt(eval_size):
+    """Tokens of the longest GSM8K prompt a run meets (train and held-out), as Run.size counts."""
+    rows = (load_problems("gsm8k", "train", data_dir=args.data_dir or None)
+            + load_problems("gsm8k", "test", data_dir=args.data_dir or None)[:eval_size])
+    prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
+    return max(map(len, tokenizer(prompts, add_special_tokens=False)["input_ids"]))
 
 
-def run(name, extra):
-    """train.train on the saved model with the check's arguments + extra; its log rows and peak
-    memory."""
-    out = os.path.join(args.out, name)
-    argv = ["--model", folder, "--data_dir", args.data_dir, "--eval_size", "64",
-            "--save_every", "1000", "--out_dir", out,
-            "--overwrite", "true"] + extra  # the check's own folder: a rerun replaces it
-    cfg, given = config.parse_args(train.Config, argv + (small if args.dry_run else []) + rest)
+def gib(x):
+    return None if x is None else round(x / memory.GiB, 2)
+
+
+def run(name, folder, knobs, card=None, evaluate=False):
+    """train.train on `folder` with the check's knobs (and card GiB simulated) -> what it chose,
+    predicted and measured; {"skipped": why} when this train.py refuses a knob."""
+    out, argv = os.path.join(args.out, name), ["--model", folder, "--data_dir", args.data_dir,
+                                               "--save_every", "1000", "--eval_size", "64",
+                                               "--overwrite", "true"] + knobs
+    argv += ["--out_dir", out] + (SMALL if args.dry_run else []) + rest
+    real_held_out, lines = train.held_out, []
+    if not evaluate:
+        train.held_out = lambda *a, **k: 0.0  # no evaluation: the time goes to the steps
     if cuda:
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    train.train(cfg, given=given)
-    wall = time.time() - t0
-    allocated, reserved = peaks()
+        total = torch.cuda.mem_get_info()[1]
+        torch.cuda.set_per_process_memory_fraction(min(1.0, card * memory.GiB / total)
+                                                   if card else 1.0)
+    try:
+        cfg, given = config.parse_args(train.Config, argv)
+        t0 = time.time()
+        train.train(cfg, given=given, log=lambda line: (lines.append(line), print(line)))
+        wall = time.time() - t0
+    except (ValueError, config.Stop) as e:
+        return {"skipped": f"{type(e).__name__}: {e}", "lines": lines}
+    finally:
+        train.held_out = real_held_out
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    with open(os.path.join(out, "config.json")) as f:
+        saved = json.load(f)
     with open(os.path.join(out, "log.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return {"config": json.load(open(os.path.join(out, "config.json"))),
-            "steps": [{k: r.get(k) for k in STEP_FIELDS} for r in rows],
-            "peak_allocated_gib": allocated, "peak_reserved_gib": reserved,
-            "wall_seconds_with_evals_and_save": wall}
+        steps = [json.loads(line) for line in f]
+    changes = os.path.join(out, "resumes.jsonl")
+    changes = [json.loads(x) for x in open(changes)] if os.path.exists(changes) else []
+    with open(os.path.join(folder, "config.json")) as f:
+        shape = memory.shape_of(json.load(f))
+    job = memory.job_of(types.SimpleNamespace(**saved), longest)
+    predicted = memory.predict(shape, {k: saved[k] for k in memory.KNOBS}, job)
+    return {"settings": {k: saved[k] for k in memory.KNOBS + ("generation", "dtype")},
+            "auto_line": next((x for x in lines if x.startswith("memory auto")), None),
+            "predicted_gib": {k: gib(predicted[k]) for k in ("generate", "no_grad", "update",
+                                                              "peak")},
+            "peak_allocated_gib": gib(torch.cuda.max_memory_allocated()) if cuda else None,
+            "peak_reserved_gib": gib(torch.cuda.max_memory_reserved()) if cuda else None,
+            "card_gib": card, "out_of_memory_retries": [c["changed"] for c in changes
+                                                        if c.get("why") == "out of memory"],
+            "steps": [step_figures(r) for r in steps], "wall_seconds": wall}
 
 
-def cache_dtypes(device):
-    """The KV cache's (key dtypes, value dtypes) at the last decoder call of generate_groups in each
-    cache mode, under the run's autocast (--dtype auto), and the seconds each took."""
-    policy, tok = models.load_model(folder, device=device)
-    records, report = [], {}
+def step_figures(r):
+    """A step's seconds, generation's share and speed, and its ratios."""
+    seconds = r["t_gen"] + r["t_upd"]
+    return {"step": r["step"], "seconds": round(seconds, 2), "generation": round(r["t_gen"], 2),
+            "update": round(r["t_upd"], 2), "generation_share": round(r["t_gen"] / seconds, 3),
+            "generated_tokens_per_s": round(r["valid_all"] / r["t_gen"]), "kept": r["kept"],
+            "rollouts": r["rollouts"], "tokens_trained": r["tokens"],
+            "ratio_first": r["ratio_first"], "clip_first": r["clip_first"],
+            "ratio_min": r["ratio_min"], "ratio_max": r["ratio_max"], "clip_frac": r["clip_frac"]}
+
+
+def generation_modes():
+    """Each --generation mode on the real batch (32 prompts x 8, 128 new tokens; --dry_run 2 x 4,
+    16) twice under the run's autocast: the second call's seconds and tokens per second, and the KV
+    cache's dtypes at its last decode step."""
+    policy, tok = models.load_model(base, device=device)
+    rows = load_problems("gsm8k", "train", limit=2 if args.dry_run else 32,
+                         data_dir=args.data_dir or None)
+    prompts, G, T = [format_prompt(tok, r["prompt"]) for r in rows], 4 if args.dry_run else 8, \
+        16 if args.dry_run else 128
+    seen, report = [], {}
 
     def record(module, args_, kwargs, output):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        layers = [x for x in getattr(cache, "layers", []) if getattr(x, "keys", None) is not None]
-        records.append(([str(x.keys.dtype) for x in layers[:1]],
-                        [str(x.values.dtype) for x in layers[:1]]))
-    handle = policy.get_decoder().register_forward_hook(record, with_kwargs=True)
-    prompts = [format_prompt(tok, q) for q in ("What is 2 + 3?",
-                                               "Tom has 7 apples and eats 2. How many are left?")]
+        layer = next((x for x in getattr(cache, "layers", []) if getattr(x, "keys", None)
+                      is not None), None)
+        seen.append([str(layer.keys.dtype), str(layer.values.dtype)] if layer else None)
+    hook = policy.get_decoder().register_forward_hook(record, with_kwargs=True)
     for mode in rollout.CACHES:
-        records.clear()
-        t0 = time.time()
-        with models.autocast(device, "auto"):
-            rollout.generate_groups(policy, tok, prompts, 2, 16, seed=0, cache=mode)
-        if cuda:
-            torch.cuda.synchronize()
-        report[mode] = {"keys": records[-1][0], "values": records[-1][1],
-                        "seconds": time.time() - t0}
-    handle.remove()
+        seconds = []
+        for call in range(2):  # the first pays warm-up (and static's compilation)
+            t0 = time.time()
+            with models.autocast(device, "auto"):
+                got = rollout.generate_groups(policy, tok, prompts, G, T, seed=call, cache=mode)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds.append(time.time() - t0)
+        report[mode] = {"seconds": round(seconds[1], 2), "first_call_seconds": round(seconds[0], 2),
+                        "generated_tokens_per_s": round(int(got.completion_mask.sum())
+                                                        / seconds[1]),
+                        "kv_keys_values": seen[-1]}
+    hook.remove()
     del policy
     return report
 
 
-def report(summary, part):
-    """Write summary.json as it stands and print `part`'s figures in a few lines: a check cut short
-    by a time limit still leaves what it measured."""
+def say(part, r):
+    """A part's figures in a few lines."""
+    if "skipped" in r:
+        print(f"{part}: skipped ({r['skipped']})", flush=True)
+        return
+    if part == "generation":
+        for mode, m in r.items():
+            print(f"generation {mode}: {m['seconds']} s (first call {m['first_call_seconds']}), "
+                  f"{m['generated_tokens_per_s']} tokens/s, KV cache {m['kv_keys_values']}",
+                  flush=True)
+        return
+    print(f"{part}: {r['settings']} | predicted {r['predicted_gib']} GiB | peak allocated "
+          f"{r['peak_allocated_gib']}, reserved {r['peak_reserved_gib']} GiB"
+          + (f" of {r['card_gib']}" if r["card_gib"] else "")
+          + f" | out-of-memory retries {r['out_of_memory_retries'] or 'none'}", flush=True)
+    for s in r["steps"]:
+        print(f"  step {s['step']}: {s['seconds']} s (generation {s['generation']}, update "
+              f"{s['update']}; share {s['generation_share']}), {s['generated_tokens_per_s']} "
+              f"generated tokens/s, kept {s['kept']}/{s['rollouts']} | ratio first mini-batch "
+              f"{s['ratio_first']} clip {s['clip_first']} | all {s['ratio_min']}-"
+              f"{s['ratio_max']} clip {s['clip_frac']}", flush=True)
+
+
+def part(name, work):
+    """Run a part unless the budget is spent; say it and write summary.json as it stands, so a
+    check cut short still leaves what it measured."""
+    if time.time() - started > args.budget:
+        summary[name] = {"skipped": f"--budget {args.budget:g} s spent"}
+    else:
+        summary[name] = work()
+    say(name, summary[name])
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    r = summary[part]
-    if part == "kv_cache":
-        caches = {m: (v["keys"], v["values"], round(v["seconds"], 1)) for m, v in r.items()}
-        print("kv cache (keys, values, seconds):", caches, flush=True)
-        return
-    print(f"{part}: peak GPU memory allocated {r['peak_allocated_gib']} GiB, reserved "
-          f"{r['peak_reserved_gib']} GiB; {r['wall_seconds_with_evals_and_save']:.0f} s with "
-          "evaluations", flush=True)
-    for row in r["steps"]:
-        print(f"  step {row['step']}: ratio first mini-batch {row['ratio_first']} clip "
-              f"{row['clip_first']} | all mini-batches {row['ratio_min']}-{row['ratio_max']} clip "
-              f"{row['clip_frac']} | gen {row['t_gen']:.1f}s upd {row['t_upd']:.1f}s", flush=True)
 
 
-small = ["--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "16",
-         "--eval_size", "4"]
+os.makedirs(args.out, exist_ok=True)
 train.score = bench_speed.coin_flip_score()  # see the docstring
-device = "cuda" if cuda else "cpu"
-summary = {
-    "gpu": torch.cuda.get_device_name() if cuda else "none (CPU)", "torch": torch.__version__,
-    "capability": list(torch.cuda.get_device_capability()) if cuda else None,
-    "bf16_autocast": models.autocast_enabled(device, "auto"),  # --dtype auto on this device
-    "allocator_settings": torch._C._accelerator_getAllocatorSettings(),  # expandable_segments
-}
-print({k: summary[k] for k in ("gpu", "capability", "bf16_autocast", "allocator_settings")},
-      flush=True)
-summary["d3s"] = run("run", ["--steps", str(args.steps), "--eval_every", str(args.steps)])
-report(summary, "d3s")
-# one GSPO step: its clip range (3e-4 / 4e-4) is where a ratio that drifts from 1 under bf16 clips
-summary["gspo"] = run("run_gspo", ["--steps", "1", "--loss", "gspo", "--eval_size", "4"])
-report(summary, "gspo")
-summary["kv_cache"] = cache_dtypes(device)
-report(summary, "kv_cache")
-print(f"summary: {os.path.join(args.out, 'summary.json')}")
+summary = {"gpu": torch.cuda.get_device_name() if cuda else "none (CPU)",
+           "torch": torch.__version__,
+           "capability": list(torch.cuda.get_device_capability()) if cuda else None,
+           "bf16_autocast": models.autocast_enabled(device, "auto"),  # --dtype auto here
+           "allocator_settings": torch._C._accelerator_getAllocatorSettings(),
+           "free_gib": gib(memory.free_bytes(device)) if cuda else None}
+print(summary, flush=True)
+base = build("Qwen2.5-0.5B", os.path.join(args.out, "qwen2.5-0.5b-random"))
+longest = longest_prompt(4 if args.dry_run else 64)
+print(f"the longest GSM8K prompt: {longest} tokens", flush=True)
+steps = ["--steps", str(args.steps)]
+part("auto", lambda: run("auto", base, steps + ["--eval_every", str(args.steps)], evaluate=True))
+for card in (24, 16):
+    part(f"{card} GiB", lambda: run(f"gib{card}", base, ["--steps", "1"], card))
+
+
+def lora():
+    """The largest Qwen2.5 whose LoRA the memory table fits in --lora_gib, on that card."""
+    if "lora_rank" not in {f.name for f in dataclasses.fields(train.Config)}:
+        return {"skipped": "this train.py has no --lora_rank"}
+    job = dataclasses.replace(memory.Job(prompt_len=longest), lora_rank=16, weight_bytes=2)
+    name = max((n for n, s in memory.SHAPES.items()
+                if memory.choose(s, job, args.lora_gib * memory.GiB)),
+               key=lambda n: memory.param_count(memory.SHAPES[n]))
+    folder = build(name, os.path.join(args.out, name.lower() + "-random"), torch.bfloat16)
+    return {"model": name, **run("lora", folder, ["--steps", "1", "--lora_rank", "16"],
+                                 args.lora_gib)}
+
+
+part("lora", lora)
+part("float16", lambda: run("float16", base, ["--steps", "1", "--dtype", "float16"]))
+for method in ("grpo", "grpo-filter"):
+    part(method, lambda: run(method, base, steps + ["--method", method])
+         if method in d3s.METHODS else {"skipped": f"d3s.METHODS has no {method}"})
+part("generation", generation_modes)
+print(f"{time.time() - started:.0f} s; summary: {os.path.join(args.out, 'summary.json')}")

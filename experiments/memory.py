@@ -1,7 +1,8 @@
 """
-GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU.
-experiments/speed.md ("Memory by card size") holds this script's table and says which figure is
-measured and which counted.
+GPU memory of `python train.py --model Qwen2.5-0.5B` by card size, measured on a CPU: the
+coefficients machinery/memory.py's counts take (it holds them, and train.py's `auto` knobs use
+them). experiments/speed.md ("Memory by card size") holds this script's tables and says which
+figure is measured and which counted.
 
 Not measured on a GPU yet. What train.py holds on a GPU is what it holds on a CPU under bf16
 autocast: the same operators save the same tensors for backward, in the same dtypes. Attention, the
@@ -25,12 +26,16 @@ keeps no statistics of its own). A step's peak, phase by phase:
               checkpointing's activations and recompute; a generate call's transient per row
   checked     the KV cache, read from the generate call's own cache: 2 x kv_heads x head_dim x 2
               bytes per token and layer (bf16 keys and values)
-  computed    a whole model's figures from these (predict), and the settings for each card
-              (settings_for)
+  computed    a whole model's figures from these (machinery/memory.predict), and the settings
+              `auto` picks for each card (memory.choose)
 
     python experiments/memory.py                          # one thread, about 3 minutes, 7.5 GB RAM
     python experiments/memory.py --json out/memory.json   # also every measurement and the table
-    python experiments/memory.py --table out/memory.json  # the table again from those, at once
+    python experiments/memory.py --table                  # the tables from the saved coefficients
+    python experiments/memory.py --table out/memory.json  # ... or from those of a --json file
+    python experiments/memory.py --card 16 24 80          # what auto picks with this many GiB free
+    python experiments/memory.py --card 24 --model Qwen2.5-1.5B --lora_rank 16
+    python experiments/memory.py --lora_check  # a LoRA update measured against the count
     python experiments/memory.py --rss_check   # the profiler's peak against a fresh process's RSS
     # where ../shared is absent (the defaults are ../shared's)
     python experiments/memory.py --tokenizer DIR --data_dir DIR
@@ -41,156 +46,10 @@ import os
 import sys
 import time
 
-# -----------------------------------------------------------------------------
-# counting: pure functions of a model's shape (no torch), so the table can be recomputed and tested
-
-GiB = 2 ** 30
-
-# The published config.json of each model: all Qwen2 (GQA, biases on q/k/v, SwiGLU MLP, RMSNorm).
-SHAPES = {
-    "Qwen2.5-0.5B": dict(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14,
-                         kv_heads=2, tied=True),
-    "Qwen2.5-1.5B": dict(vocab=151936, hidden=1536, intermediate=8960, layers=28, heads=12,
-                         kv_heads=2, tied=True),
-    "Qwen2.5-7B": dict(vocab=152064, hidden=3584, intermediate=18944, layers=28, heads=28,
-                       kv_heads=4, tied=False),
-}
-CARDS_GIB = (80, 40, 24, 16)
-# [ours] What a card must keep free beside the predicted peak: the CUDA context and cuBLAS
-# workspaces (0.5-1 GB, outside torch's counters), and a tenth for the caching allocator's
-# fragmentation and what this count leaves out (small tensors, the optimizer's per-parameter
-# scalars, the log's bookkeeping).
-RESERVE_GIB, HEADROOM = 1.0, 0.10
-
-
-def head_dim(s):
-    return s["hidden"] // s["heads"]
-
-
-def layer_params(s):
-    """Parameters of one decoder layer: q/k/v (with bias), o, the SwiGLU MLP, two RMSNorm
-    weights."""
-    H, I = s["hidden"], s["intermediate"]
-    q, kv = s["heads"] * head_dim(s), s["kv_heads"] * head_dim(s)
-    return (H * q + q) + 2 * (H * kv + kv) + q * H + 3 * H * I + 2 * H
-
-
-def param_count(s):
-    """All parameters: the embedding, the layers, the final norm, and the lm_head unless it is
-    tied."""
-    embed = s["vocab"] * s["hidden"]
-    return embed + s["layers"] * layer_params(s) + s["hidden"] + (0 if s["tied"] else embed)
-
-
-def layer_act_bytes(s, length):
-    """Bytes one decoder layer keeps for backward per token, under bf16 autocast with float32
-    weights and residual stream, for rows of `length` tokens with a padding mask (every real batch
-    has one).
-    The inventory of what autograd saves (tests/test_memory.py checks it against a measurement):
-      2 RMSNorms        8H + 4 each: the float32 input and normalised input, and 1 / rms
-      5 matmul inputs   2H each: q, k, v, gate and up each cast their own bf16 copy of the input
-      attention         2 x nh x d each for q, k and v (k, v repeated to all heads: with a mask,
-                        transformers calls SDPA without enable_gqa), and for the output, which
-                        o_proj reuses; 4 x nh for the log-sum-exp; 2 x length for the mask,
-                        converted to bf16 by every layer's SDPA
-      MLP               2I each: gate's output, silu's output, up's output, their product (down's
-                        input)
-    """
-    H, I, nh, d = s["hidden"], s["intermediate"], s["heads"], head_dim(s)
-    return 2 * (8 * H + 4) + 5 * 2 * H + 4 * 2 * nh * d + 4 * nh + 2 * length + 4 * 2 * I
-
-
-def base_act_bytes(s):
-    """Bytes per token kept outside the layers: the final RMSNorm (8H + 4), its float32 output (the
-    hidden states, 4H), the rotary cos and sin (float32, 4d each) and the int64 input ids."""
-    return 12 * s["hidden"] + 4 + 8 * head_dim(s) + 8
-
-
-def kv_bytes_per_token(s, key_bytes=2, value_bytes=2):
-    """KV cache bytes per token over all layers (bf16 keys and values under autocast)."""
-    return s["layers"] * s["kv_heads"] * head_dim(s) * (key_bytes + value_bytes)
-
-
-def predict(s, micro_batch_size, logprob_chunk, gradient_checkpointing, gen_rows, m, prompt_len=240,
-            new_tokens=512, updates_per_batch=4):
-    """Peak bytes of each phase of a train.py step for model shape s, from the measured
-    coefficients m (measure() returns them, each per position, row or token in units of the
-    vocabulary V, the width H or layer_act_bytes, so that it carries over to other model sizes).
-    gen_rows: rows per generate call.
-      generate  step 1 and the held-out evaluation: weights and moments, autocast's bf16 copies (the
-                lm_head's too: generate's own head runs under autocast), then the larger of a
-                prefill of gen_rows prompts (evaluation's plain cache; sampling's prefix cache
-                prefills 1 in G) and the full KV cache of gen_rows rows of prompt_len + new_tokens
-                with each row's decode step (logits and sampler)
-      no_grad   step 5 (logp_old and the entropy): the decoder's transient, then one head chunk with
-                the entropy
-      update    step 7 on a micro-batch after the first of its mini-batch (the gradients exist). On
-                top of the activations every layer keeps (with gradient checkpointing: each layer's
-                input) come, one after the other: the head chunk's forward and backward (the larger
-                of two moments: the lm_head's (V, H) float32 gradient with one (chunk, V) tensor, or
-                the log-softmax's backward with three); a layer's backward (recomputed first with
-                checkpointing); with the activations freed, the embedding's backward. With K = 1 and
-                one micro-batch, step 5's head with the entropy runs on top of the activations too.
-    Returns each phase's peak and the largest, in bytes."""
-    V, H, N = s["vocab"], s["hidden"], param_count(s)
-    # a micro-batch of the longest rollouts: the longest prompt, all truncated
-    L = prompt_len + new_tokens
-    n, tokens = micro_batch_size, micro_batch_size * L
-    chunk = min(logprob_chunk, n * new_tokens)  # GRPO keeps every completion token: the worst case
-    act = layer_act_bytes(s, L)
-    # autocast's bf16 copies of the layers' weights
-    cache_layers = 2 * s["layers"] * layer_params(s)
-    weights_moments, grads = 12 * N, 4 * N
-    prefill = gen_rows * prompt_len * (m["no_grad_decoder"] * act + kv_bytes_per_token(s))
-    decode = gen_rows * (L * kv_bytes_per_token(s) + m["decode_per_row"] * V)
-    gen = weights_moments + cache_layers + 2 * V * H + max(prefill, decode)
-    entropy_head = chunk * m["entropy_head_per_position"] * V
-    no_grad = weights_moments + cache_layers + max(tokens * m["no_grad_decoder"] * act,
-                                                   entropy_head)
-    with_weight_grad = m["head_weight_grad"] * 4 * V * H
-    head = max(with_weight_grad + chunk * m["head_with_weight_grad_per_position"] * V,
-               chunk * m["head_per_position"] * V)
-    kind = "checkpointed" if gradient_checkpointing else "plain"
-    per_layer = m["checkpointed_per_token"] * H if gradient_checkpointing else act
-    # + the head's inputs
-    held = tokens * (base_act_bytes(s) + s["layers"] * per_layer) + n * new_tokens * 4 * H
-    # a layer's backward: per token, plus (tied embeddings) the lm_head's (V, H) gradient, which
-    # autograd holds until the embedding's arrives to be summed with it, plus [ours, a bound] one
-    # layer's weight gradients in bf16 and float32 at once
-    layer_backward = (tokens * m[kind + "_backward"] * act + (4 * V * H if s["tied"] else 0)
-                      + 6 * layer_params(s))
-    moments = [held + head, held + layer_backward, m["embedding_backward"] * 4 * V * H]
-    if updates_per_batch == 1:
-        moments.append(held + entropy_head)
-    update = weights_moments + grads + cache_layers + max(moments)
-    return {"generate": gen, "no_grad": no_grad, "update": update,
-            "peak": max(gen, no_grad, update),
-            "parts": {"weights, gradients, moments": weights_moments + grads,
-                      "bf16 copies": cache_layers, "activations": held, "head chunk": head,
-                      "a layer's backward": layer_backward,
-                      "KV cache": gen_rows * L * kv_bytes_per_token(s)}}
-
-
-def fits(peak_bytes, card_gib):
-    """Does a predicted peak fit a card, with RESERVE_GIB and HEADROOM kept free?"""
-    return peak_bytes * (1 + HEADROOM) + RESERVE_GIB * GiB <= card_gib * GiB
-
-
-def settings_for(s, card_gib, m, rollouts=256, checkpointing=(False, True), **lengths):
-    """The settings for a card, or None when nothing fits. [ours] In this order of preference: no
-    gradient checkpointing (it runs every layer's forward twice), then the largest micro-batch, then
-    the largest lm_head chunk (it barely changes the time); the largest generate call that fits (0 =
-    all rollouts at once)."""
-    for gc in checkpointing:
-        for micro in (16, 8, 4, 2, 1):
-            for chunk in (4096, 2048, 1024, 512, 256):
-                for gen in (0, 128, 64, 32, 16):
-                    p = predict(s, micro, chunk, gc, gen or rollouts, m, **lengths)
-                    if fits(p["peak"], card_gib):
-                        return {"micro_batch_size": micro, "gen_batch_size": gen,
-                                "logprob_chunk": chunk, "gradient_checkpointing": gc, **p}
-    return None
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machinery.memory import (KNOBS, MEASURED, SHAPES, GiB, Job,  # noqa: E402
+                              base_act_bytes, choose, describe, job_of, kv_bytes_per_token,
+                              layer_act_bytes, layer_params, nothing_fits, param_count, predict)
 
 # -----------------------------------------------------------------------------
 # measuring: train.py's functions on a CPU under bf16 autocast, every allocation read from the
@@ -410,6 +269,52 @@ def rss_check():
     return max(got["head"], got["decoder"], got["embedding"]), int(run.stdout.split()[-1])
 
 
+def lora(model, rank):
+    """model with its base frozen in bf16 and PEFT's LoRA adapters (float32, PEFT's default for a
+    2-byte base) on each layer's seven linears, as the LoRA knob holds it on a bf16 GPU; float32
+    gradients allocated for the adapters. -> the adapted transformers model inside PEFT's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    for p in model.parameters():
+        p.grad = None
+    model = get_peft_model(model.to(torch.bfloat16), LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj"]))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    return model.base_model.model
+
+
+def lora_check(rank=16, log=print):
+    """Step 7 on a LoRA micro-batch at Qwen2.5-0.5B's width (one layer, the real vocabulary, rank
+    16), measured as above, against predict()'s count for that one-layer shape: the peak above the
+    weights and gradients, for a few rows and kept positions. (update_step's hook on the
+    embedding's output does not apply: a frozen embedding's output needs no gradient.)"""
+    import torch
+    from rollout import completion_hidden, head_logprobs
+    shape, P, T = dict(SHAPES["Qwen2.5-0.5B"], layers=1), 240, 512
+    model = lora(build(1, shape), rank)
+    for rows, kept in ((2, 64), (2, 1024), (1, 512)):
+        ids, mask, keep = batch(rows, P, T, shape["vocab"], kept)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                hidden = completion_hidden(model, ids, mask, P)
+                logp, _ = head_logprobs(model, hidden, ids[:, P:], keep, 1.0, False, 4096)
+            (-logp.sum()).backward()
+        measured = peak(timeline(step)[0])
+        job = Job(prompt_len=P, new_tokens=T, lora_rank=rank, weight_bytes=2,
+                  token_share=kept / (rows * T))
+        got = predict(shape, dict(zip(KNOBS, (rows, 0, 4096, False))), job)
+        counted = got["update"] - got["parts"]["weights, gradients, moments"] - \
+            got["parts"]["bf16 copies"]
+        log(f"LoRA rank {rank}, one layer at Qwen2.5-0.5B's width, {rows} rollouts of {P} + {T} "
+            f"tokens, {kept} kept: measured {measured / 2 ** 20:.0f} MiB, counted "
+            f"{counted / 2 ** 20:.0f} MiB")
+
+
 def fit_layers(points):
     """Least squares of held = c + layers w + rows (b + layers a) over {(layers, rows): bytes}.
     -> (a, b, w, c, largest residual)."""
@@ -576,42 +481,78 @@ def measure(tokenizer, data_dir, log=print):
     return out
 
 
-def table(coefficients, prompt_len, new_tokens, log=print):
-    """The settings and predicted peaks of every model size and card, as experiments/speed.md prints
-    them."""
-    rows, lengths = [], dict(prompt_len=prompt_len, new_tokens=new_tokens)
+CARDS_GIB = (80, 40, 24, 16)  # the table's rows: GiB free
+LORA_RANK = 16  # [ours] the rank of the LoRA rows: the knob's interface allows any; 16 is common
 
-    def line(got):
-        return (f"--micro_batch_size {got['micro_batch_size']} --gen_batch_size "
-                f"{got['gen_batch_size']} --logprob_chunk {got['logprob_chunk']} "
-                f"--gradient_checkpointing {str(got['gradient_checkpointing']).lower()}: peak "
-                f"{got['peak'] / GiB:.1f} GiB (generate {got['generate'] / GiB:.1f}, no-grad "
-                f"{got['no_grad'] / GiB:.1f}, update {got['update'] / GiB:.1f})")
 
+def real_job(prompt_len=240, new_tokens=512, lora_rank=0, model="Qwen2.5-0.5B"):
+    """The Job of `python train.py --model MODEL` (D3S, 32 prompts x 8, K = 4, AdamW, --dtype auto
+    on a GPU with bf16) whose longest prompt is prompt_len tokens, with LoRA of lora_rank (the
+    frozen base in bf16, as the knob's interface holds it on such a GPU)."""
+    import dataclasses
+    from machinery import config
+    import train
+    cfg = config.resolve(train.Config(model=model, max_new_tokens=new_tokens, device="cpu"),
+                         given={"model", "max_new_tokens", "device"})
+    job = job_of(cfg, prompt_len)
+    return dataclasses.replace(job, lora_rank=lora_rank, weight_bytes=2 if lora_rank else 4)
+
+
+def table(coefficients=MEASURED, prompt_len=240, new_tokens=512, log=print):
+    """experiments/speed.md's tables: for each model, every weight trained and LoRA of LORA_RANK,
+    the settings auto picks on each card and their predicted peaks (machinery/memory.py)."""
+    rows = []
     for name, s in SHAPES.items():
-        default = predict(s, 16, 4096, False, 256, coefficients, **lengths)
-        k1 = predict(s, 16, 4096, False, 256, coefficients, updates_per_batch=1, **lengths)
+        job = real_job(prompt_len, new_tokens)
+        default = predict(s, dict(zip(KNOBS, (16, 0, 4096, False))), job, coefficients)
         log(f"\n{name}: {param_count(s) / 1e9:.2f}B parameters, "
             f"{16 * param_count(s) / GiB:.1f} GiB of weights, gradients and AdamW moments; the "
-            "defaults (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
-            f"{default['peak'] / GiB:.1f} GiB (generate "
-            f"{default['generate'] / GiB:.1f}, no-grad {default['no_grad'] / GiB:.1f}, update "
-            f"{default['update'] / GiB:.1f}; {k1['peak'] / GiB:.1f} with K = 1 and one "
-            f"micro-batch)\n  their parts, GiB: "
+            "CPU's values (micro 16, chunk 4096, all 256 rollouts per generate call) peak at "
+            f"{default['peak'] / GiB:.1f} GiB\n  their parts, GiB: "
             + ", ".join(f"{k} {v / GiB:.2f}" for k, v in default["parts"].items()))
-        for card in CARDS_GIB:
-            got = settings_for(s, card, coefficients, **lengths)
-            rows.append({"model": name, "card_gib": card, **(got or {})})
-            log(f"  {card:3d} GB: " + (line(got) if got else "does not fit"))
-            if got and not got["gradient_checkpointing"] and got["micro_batch_size"] < 16:
-                alt = settings_for(s, card, coefficients, checkpointing=(True,), **lengths)
-                if alt:
-                    log("     or   " + line(alt))
+    log("\n| model | free | `--micro_batch_size` | `--gen_batch_size` | `--logprob_chunk` | "
+        "`--gradient_checkpointing` | predicted peak | generate / step 5 / update |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for lora in (0, LORA_RANK):
+        for name, s in SHAPES.items():
+            job = real_job(prompt_len, new_tokens, lora)
+            for card in CARDS_GIB:
+                alternatives = [choose(s, job, card * GiB, m=coefficients)]
+                if alternatives[0] and alternatives[0]["micro_batch_size"] < 16 and \
+                        not alternatives[0]["gradient_checkpointing"]:
+                    alternatives.append(choose(s, job, card * GiB, {"gradient_checkpointing": True},
+                                               m=coefficients))
+                for i, got in enumerate(alternatives):
+                    rows.append({"model": name, "lora_rank": lora, "card_gib": card, **(got or {})})
+                    model = name + (f", LoRA rank {lora}" if lora else "")
+                    if got is None:
+                        log(f"| {model} | {card} GiB | does not fit | | | | | |")
+                        continue
+                    p = got["predicted"]
+                    log(f"| {model} | {card} GiB{', or' if i else ''} | "
+                        f"{got['micro_batch_size']} | "
+                        f"{got['gen_batch_size']} | {got['logprob_chunk']} | "
+                        f"{str(got['gradient_checkpointing']).lower()} | "
+                        f"{p['peak'] / GiB:.1f} GiB ({p['peak'] / (card * GiB):.0%}) | "
+                        + " / ".join(f"{p[k] / GiB:.1f}" for k in ("generate", "no_grad", "update"))
+                        + " |")
     return rows
 
 
+def cards(model, gib, lora_rank=0, prompt_len=240, new_tokens=512, log=print):
+    """What `python train.py --model MODEL` sizes `auto` to with `gib` GiB free: its line, and the
+    prediction's share of the card."""
+    job = real_job(prompt_len, new_tokens, lora_rank, model)
+    shape = SHAPES[model]
+    for card in gib:
+        got = choose(shape, job, card * GiB)
+        lora = f" --lora_rank {lora_rank}" if lora_rank else ""
+        log(f"--model {model}{lora}, {card:g} GiB free: " + (
+            f"{describe(got, card * GiB, KNOBS)} ({got['predicted']['peak'] / (card * GiB):.0%})"
+            if got else nothing_fits(shape, job, card * GiB)))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--tokenizer", default=os.path.join(here, "..", "shared", "tokenizers",
@@ -625,9 +566,18 @@ if __name__ == "__main__":
                              "memory (30 s)")
     # --rss_check's fresh process
     parser.add_argument("--rss_step", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--table", default="",
-                        help="only print the table from a --json file (no measuring): to try other "
-                             "margins (RESERVE_GIB, HEADROOM) or lengths")
+    parser.add_argument("--table", nargs="?", const="saved", default="",
+                        help="only print the tables, from machinery/memory.py's saved coefficients "
+                             "or a --json file's (no measuring): to try other margins "
+                             "(RESERVE_GIB, HEADROOM) or lengths")
+    parser.add_argument("--lora_check", action="store_true",
+                        help="only measure a LoRA update at the real width against the count "
+                             "(needs peft)")
+    parser.add_argument("--card", type=float, nargs="+", default=[],
+                        help="only print what auto picks for --model with this many GiB free")
+    parser.add_argument("--model", default="Qwen2.5-0.5B", choices=list(SHAPES),
+                        help="for --card")
+    parser.add_argument("--lora_rank", type=int, default=0, help="for --card")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.rss_step:
@@ -638,9 +588,17 @@ if __name__ == "__main__":
         print(f"{RSS_CASE}: the profiler's peak {by_profiler / 2 ** 20:.0f} MiB, the resident "
               f"memory's rise in a fresh process without it {by_rss / 2 ** 20:.0f} MiB")
         sys.exit(0)
+    if args.card:
+        cards(args.model, args.card, args.lora_rank)
+        sys.exit(0)
+    if args.lora_check:
+        lora_check()
+        sys.exit(0)
     if args.table:
-        with open(args.table) as f:
-            saved = json.load(f)
+        saved = {"coefficients": MEASURED, "prompt_len": 240, "new_tokens": 512}
+        if args.table != "saved":
+            with open(args.table) as f:
+                saved = json.load(f)
         table(saved["coefficients"], saved["prompt_len"], saved["new_tokens"])
         sys.exit(0)
     from transformers import AutoTokenizer

@@ -8,14 +8,16 @@ the command line. train.py says what each knob is; this file says how a value re
 Where a value comes from, in this order:
   1. the command line (--lr 2e-6), or the knobs a caller of train.train() passes as `given`;
   2. the knob's line in train.py's Config. A knob written `pick(tiny=5e-5, real=1e-6)` holds one
-     value per kind of run on that same line, the first of these keys it has: under --lora_rank > 0
-     those two with `lora_` before them (lora_tiny=5e-4, lora_real=1e-5), a tiny world's own
-     (tiny_long=64), `tiny` for the tiny worlds or `real` for a real model, the loss (`grpo` /
-     `gspo`, by --loss), the method (`method_` and its name, method_d1s_cross=...: the prefix keeps
-     method grpo apart from loss grpo), else its first value (named `default` where no kind of run
-     owns it). So when the loss and the method both name a value, the loss wins: --method entropy
-     --loss gspo divides by seq, GSPO's objective being a mean per sequence whatever tokens a
-     method keeps. Edit the one you mean.
+     value per kind of run on that same line, the first of these keys it has: `gpu` on a CUDA GPU
+     (the memory knobs' "auto", which Run.size sizes to its memory: machinery/memory.py; "auto"
+     given on a CPU takes the CPU's value), under --lora_rank > 0 the kinds below with `lora_`
+     before them (lora_tiny=5e-4, lora_real=1e-5), a tiny world's own (tiny_long=64), `tiny` for
+     the tiny worlds or `real` for a real model, the loss (`grpo` / `gspo`, by --loss), the method
+     (`method_` and its name, method_d1s_cross=...: the prefix keeps method grpo apart from loss
+     grpo), else its first value besides `gpu` (named `default` where no kind of run owns it). So
+     when the loss and the method both name a value, the loss wins: --method entropy --loss gspo
+     divides by seq, GSPO's objective being a mean per sequence whatever tokens a method keeps.
+     Edit the one you mean.
 Nothing else decides a value: config.json in the run folder records every knob as it ran.
 
 A knob a method would ignore is refused rather than silently dropped (--method grpo --s_init 0.5,
@@ -49,16 +51,22 @@ def pick(**values):
     return dataclasses.field(default=next(iter(values.values())), metadata={"pick": values})
 
 
-def picked(field, world, loss, method, lora=False):
+def picked(field, world, loss, method, lora=False, gpu=False):
     """The value of a pick() knob for a run on tiny world `world` (None: a real model) with `loss`
-    and `method`, with LoRA adapters or not (the docstring has the order)."""
+    and `method`, with LoRA adapters or not, on a GPU or not (the docstring has the order)."""
     values = field.metadata["pick"]
     kinds = ((world or "").replace("-", "_"), "tiny" if world else "real")
-    for key in (*(("lora_" + k for k in kinds) if lora else ()), *kinds, loss,
-                "method_" + method.replace("-", "_")):
+    for key in ("gpu" if gpu else "", *(("lora_" + k for k in kinds) if lora else ()), *kinds,
+                loss, "method_" + method.replace("-", "_")):
         if key in values:
             return values[key]
-    return field.default
+    return next(v for k, v in values.items() if k != "gpu")
+
+
+def on_gpu(cfg):
+    """Does the run go to a CUDA GPU (--device auto: when there is one)?"""
+    import torch
+    return torch.cuda.is_available() if cfg.device == "auto" else cfg.device.startswith("cuda")
 
 
 def given_knobs(cfg):
@@ -74,10 +82,14 @@ def resolve(cfg, given=None):
     world = tiny.world_of(cfg.model)
     if cfg.loss not in d3s.LOSSES:  # before the loss chooses the clip range
         raise ValueError(f"--loss {cfg.loss!r} is unknown; choose one of {', '.join(d3s.LOSSES)}")
+    gpu = on_gpu(cfg)
     cfg = dataclasses.replace(cfg, **{f.name: picked(f, world, cfg.loss, cfg.method,
-                                                     cfg.lora_rank > 0)
+                                                     cfg.lora_rank > 0, gpu)
                                       for f in dataclasses.fields(cfg)
                                       if "pick" in f.metadata and f.name not in given})
+    for f in dataclasses.fields(cfg):  # auto on a CPU: the CPU's value (on a GPU: Run.size's)
+        if getattr(cfg, f.name) == "auto" and not gpu and "gpu" in f.metadata.get("pick", {}):
+            setattr(cfg, f.name, picked(f, world, cfg.loss, cfg.method))
     if cfg.minibatch_size > 0:  # M rollouts per update set the updates: K is recorded as 0
         if "updates_per_batch" in given and cfg.updates_per_batch != 0:
             raise ValueError(f"--updates_per_batch {cfg.updates_per_batch} does not apply with "
@@ -154,9 +166,12 @@ def check(cfg):
     must(cfg.group_size >= 2,
          f"--group_size must be at least 2 (advantages compare rollouts of a prompt), "
          f"got {cfg.group_size}")
+    auto = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) == "auto"
+            and "gpu" in f.metadata.get("pick", {})}  # sized on the GPU (Run.size)
     for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size",
                  "logprob_chunk") + ("updates_per_batch",) * (cfg.minibatch_size <= 0):
-        must(getattr(cfg, name) >= 1, f"--{name} must be at least 1, got {getattr(cfg, name)}")
+        must(name in auto or getattr(cfg, name) >= 1,
+             f"--{name} must be at least 1, got {getattr(cfg, name)}")
     must(cfg.minibatch_size >= 0, f"--minibatch_size must be at least 0 (0: --updates_per_batch "
          f"sets the updates), got {cfg.minibatch_size}")
     must(cfg.divisor in d3s.DIVISORS,
@@ -164,7 +179,7 @@ def check(cfg):
     for name in ("eval_every", "save_every"):
         must(getattr(cfg, name) >= 0,
              f"--{name} must be at least 0 (0: only at the end), got {getattr(cfg, name)}")
-    must(cfg.gen_batch_size >= 0,
+    must("gen_batch_size" in auto or cfg.gen_batch_size >= 0,
          f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
@@ -193,6 +208,19 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def auto_or(parse):
+    """A knob whose value may be `auto` (a pick() with gpu="auto"), else what parse reads."""
+    def read(text):
+        if text == "auto":
+            return text
+        try:
+            return parse(text)
+        except (ValueError, argparse.ArgumentTypeError):
+            what = "a boolean; use true, false" if parse is parse_bool else "an integer; use one"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} or auto") from None
+    return read
 
 
 def parse_bool(text):
@@ -225,8 +253,10 @@ def parse_args(config_class, argv, description=""):
     for f in dataclasses.fields(config_class):
         values = f.metadata.get("pick", {"default": f.default})  # a pick() knob: each of its values
         value = ", ".join(f"{k} {v!r}" for k, v in values.items())
-        parser.add_argument(f"--{f.name}", type=parse_bool if f.type is bool else f.type,
-                            default=argparse.SUPPRESS, metavar=f.type.__name__.upper(),
+        parse, auto = parse_bool if f.type is bool else f.type, "gpu" in values
+        parser.add_argument(f"--{f.name}", type=auto_or(parse) if auto else parse,
+                            default=argparse.SUPPRESS,
+                            metavar=f.type.__name__.upper() + "|auto" * auto,
                             help=f"{comments.get(f.name, '')} ({value})".replace("%", "%%"))
     given = vars(parser.parse_args(argv))
     return config_class(**given), set(given)

@@ -7,7 +7,7 @@ A run's folder, and every way a run can stop: what train.py's loop does that is 
         for step in range(run.start, cfg.steps + 1):
             if run.eval_due(step): run.evaluated(step, accuracy)      # the eval line, curves.png
             if run.save_due(step): run.save(step)                     # RUN/checkpoint
-            ... the step, its passes through run.fit(fn, ...) ...
+            ... the step, its passes through run.fit(kind, fn) ...
             run.end_step(row, selection)      # log.jsonl, the step line, the selection page
         return run.finish()                   # the last line
 
@@ -18,8 +18,9 @@ wandb) has said yes, in begin(); a refused start leaves the folder as it found i
   - Ctrl-C or SIGTERM sets a flag (machinery/stops.py) that the run reads at points it owns: a step
     whose weights have not moved is abandoned, one whose weights moved is finished; then a
     checkpoint of the steps applied, the command to continue, and exit 130 or 143.
-  - out of memory in a pass is retried in place by run.fit, with half the batch; it stops the run
-    (with a checkpoint when no weight of the step had moved) only when a batch of 1 does not fit.
+  - out of memory in a pass is retried in place by run.fit, with what bears on that pass lowered
+    (memory.halve); it stops the run (with a checkpoint when no weight of the step had moved) only
+    when nothing is left to lower, with a line that says what would help.
   - NaN or inf logits: no checkpoint (these weights are what went wrong); one line names the step.
 """
 import dataclasses
@@ -32,8 +33,8 @@ import torch
 from tqdm import tqdm
 
 import d3s
-from machinery import checkpoint, config, plots, tiny
-from machinery.data import describe
+from machinery import checkpoint, config, memory, plots, tiny
+from machinery.data import describe, format_prompt
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
 from machinery.sampling import NonFiniteLogits
 from machinery.stops import Stop
@@ -47,6 +48,8 @@ class Stopped(Exception):
 class Run:
     """One training run's folder and bookkeeping: the values it runs with, where it starts, its
     held-out evaluations, the tokens trained so far, its checkpoints, log and pages."""
+    # what size() chose ({knob: ["auto", value]}, its line); the pass fit() could not lower
+    sized, oom_pass = None, None
 
     def __init__(self, cfg, given=None, log=print):
         self.cfg, self.given, self.log = cfg, given, log
@@ -121,10 +124,14 @@ class Run:
         else:
             checkpoint.record_resume(cfg.out_dir, state["step"], state["changed"])
             checkpoint.trim_log(cfg.out_dir, state["step"])
+        if self.sized:  # the auto knobs (size): recorded as a change the run made, and why
+            checkpoint.record_resume(cfg.out_dir, self.start, *self.sized)
         self._write_config()
         optimizer.register_step_post_hook(lambda *a: setattr(self, "moving", True))
         for line in first_lines(cfg, self.world, self.device, state, len(train_set), len(eval_set)):
             self.log(line)
+        if self.sized:
+            self.log(self.sized[1])
         self.bar = tqdm(total=cfg.steps, initial=self.start, disable=not sys.stderr.isatty(),
                         dynamic_ncols=True)
         self.say = tqdm.write if not self.bar.disable else self.log  # the bar on a terminal only
@@ -161,45 +168,88 @@ class Run:
                                      step, self.history, self.tokens_trained, self.world)
         self.saved_history = len(self.history)
 
-    def fit(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) in the memory there is: out of memory halves the generation batch (a
-        call with a batch_size keyword: --gen_batch_size) or the micro-batches among the arguments
-        (--micro_batch_size), gradients zeroed, and calls again; one line says so, and config.json
-        and resumes.jsonl record it, so a resume keeps it. Neither changes what is computed (beyond
-        float rounding): the sampler draws the same samples at any batch size, and no weight moves
-        within a pass. Before and after, a signal stops a step whose weights have not moved."""
+    def size(self, model, tokenizer, *datasets):
+        """The memory knobs still "auto" (a GPU's default: machinery/config.py), sized to the memory
+        free at the start for this model, the datasets' longest prompt, max_new_tokens and the
+        method (memory.choose); a number given wins. When nothing fits, a one-line error says what
+        would. begin() says the choice among the first lines and records it."""
+        cfg = self.cfg
+        auto = [k for k in memory.KNOBS if getattr(cfg, k) == "auto"]
+        if not auto:
+            return
+        prompts = [format_prompt(tokenizer, r["prompt"]) for rows in datasets for r in rows]
+        longest = max(map(len, tokenizer(prompts, add_special_tokens=False)["input_ids"]))
+        try:
+            shape = memory.shape_of(model.config)
+        except KeyError as e:
+            raise ValueError(f"--{auto[0]} auto counts Qwen2 and Llama shapes, and {cfg.model}'s "
+                             f"config has no {e}; give a number for each of "
+                             f"{', '.join('--' + k for k in auto)}") from None
+        job, free = memory.job_of(cfg, longest), memory.free_bytes(self.device)
+        given = {k: getattr(cfg, k) for k in memory.KNOBS if k not in auto}
+        micro = next(f for f in dataclasses.fields(cfg) if f.name == "micro_batch_size")
+        ceiling = config.picked(micro, self.world, cfg.loss, cfg.method)  # auto only lowers it
+        got = memory.choose(shape, job, free, given, ceiling)
+        if got is None:
+            raise ValueError(f"--model {cfg.model}, --max_new_tokens {cfg.max_new_tokens}: "
+                             + memory.nothing_fits(shape, job, free, given, ceiling))
+        for k in auto:
+            setattr(cfg, k, got[k])
+        self.sized = {k: ["auto", got[k]] for k in auto}, memory.describe(got, free, auto)
+
+    def fit(self, kind, fn, split=None):
+        """fn() in the memory there is, for a pass of `kind` (PASSES), fn reading its settings from
+        cfg at each call. Out of memory lowers, in cfg, what bears on that pass (memory.halve: whole
+        groups of generation, then the plain cache; the micro-batch, then the log-prob chunk, then
+        gradient checkpointing), so every later pass uses it too: `split`, the step's mini-batches,
+        is re-split in place at a new micro-batch size. One line says so, config.json and
+        resumes.jsonl record it once (a resume keeps it), gradients are zeroed and fn runs again.
+        Nothing computed changes (beyond float rounding): the sampler draws the same samples at any
+        batch size and cache, and no weight moves within a pass. With nothing left to lower, the
+        stop's line says what would help (out_of_memory). Before and after, a signal stops a step
+        whose weights have not moved."""
         self._check()
         while True:
             try:
-                out = fn(*args, **kwargs)
+                out = fn()
                 break
             except torch.OutOfMemoryError:
                 pass  # out of the except first: its traceback holds the failed call's tensors
             self.model.zero_grad(set_to_none=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            cfg, gen = self.cfg, "batch_size" in kwargs
-            parts = [] if gen else [p for a in args if isinstance(a, list) for p in
-                                    (a if a and isinstance(a[0], list) else [a])]  # by update
-            size = ((kwargs["batch_size"] or cfg.prompts_per_step * cfg.group_size) if gen else
-                    max((len(p.rows) for mb in parts for p in mb), default=1))
-            if size <= 1:  # the stop's line (__exit__)
-                raise torch.OutOfMemoryError("out of memory with a batch of 1")
-            knob = "gen_batch_size" if gen else "micro_batch_size"
-            self.say(f"out of memory: --{knob} {getattr(cfg, knob)} -> {size // 2}, "
-                     f"the pass redone (nothing computed changes)")
-            checkpoint.record_resume(cfg.out_dir, self.completed,
-                                     {knob: [getattr(cfg, knob), size // 2]}, "out of memory")
-            setattr(cfg, knob, size // 2)
-            self._write_config()
-            if gen:
-                kwargs["batch_size"] = size // 2
-            for mb in parts:  # in place: the caller's lists are the ones that go on
-                mb[:] = [Piece(p.rows[i:i + size // 2], p.input_ids[i:i + size // 2],
-                               p.attention_mask[i:i + size // 2], p.start, p.width)
-                         for p in mb for i in range(0, len(p.rows), size // 2)]
+            self._lower(kind, split)
         self._check()
         return out
+
+    def _lower(self, kind, split):
+        """Apply and record what memory.halve lowers after a pass of `kind` ran out of memory."""
+        cfg, G, pieces = self.cfg, self.cfg.group_size, [p for mb in split or [] for p in mb]
+        B = cfg.prompts_per_step * G
+        rows = {"generation": min(cfg.gen_batch_size or B, B),
+                "evaluation": min(cfg.gen_batch_size or memory.EVAL_ROWS, self.eval_size)}.get(
+                    kind, max((len(p.rows) for p in pieces), default=1))
+        positions = max((len(p.rows) * p.width for p in pieces), default=0)
+        now = {k: getattr(cfg, k) for k in memory.KNOBS + ("generation",)}
+        lower = {k: v for k, v in memory.halve(kind, now, rows, positions, G).items()
+                 if v != now[k]}
+        if not lower:  # the stop's line (__exit__) says what would help
+            self.oom_pass = kind
+            raise torch.OutOfMemoryError(f"out of memory in {PASSES[kind]}, nothing left to lower")
+        self.say("out of memory: " + ", ".join(f"--{k} {now[k]} -> {v}" for k, v in lower.items())
+                 + f", the pass redone ({PASSES[kind]}; nothing computed changes)")
+        checkpoint.record_resume(cfg.out_dir, self.completed,
+                                 {k: [now[k], v] for k, v in lower.items()}, "out of memory")
+        for k, v in lower.items():
+            setattr(cfg, k, v)
+        self._write_config()
+        if lower.get("gradient_checkpointing"):
+            self.model.gradient_checkpointing_enable()  # as train.py turns it on
+        size = lower.get("micro_batch_size")
+        for mb in (split or []) if size else []:  # in place: the caller's lists go on
+            mb[:] = [Piece(p.rows[i:i + size], p.input_ids[i:i + size],
+                           p.attention_mask[i:i + size], p.start, p.width)
+                     for p in mb for i in range(0, len(p.rows), size)]
 
     def _check(self):
         """After a signal, a step whose weights have not moved (or no step) stops here."""
@@ -291,7 +341,7 @@ class Run:
         if self.model is not None and not self.moving:
             self.optimizer.zero_grad(set_to_none=True)
             self.save(self.completed)
-        return out_of_memory(self.cfg, self.completed, self.saved)
+        return out_of_memory(self.cfg, self.completed, self.saved, self.oom_pass)
 
     def _close(self):
         if self.bar is not None:
@@ -336,15 +386,36 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
                f"K {cfg.updates_per_batch} updates per step") + f", {cfg.optimizer} lr {cfg.lr:g}"]
 
 
-def out_of_memory(cfg, step, saved):
-    """The line an out-of-memory stop prints (run.fit retries a pass with half the batch until a
-    batch of 1 does not fit): where the run continues from, and with which of the knobs that change
-    memory and nothing computed (RESUME_SAFE) set lower. saved: the checkpoint's step, or None."""
+# the passes run.fit sizes, as its lines name them
+PASSES = {"generation": "generation", "evaluation": "the held-out evaluation",
+          "no_grad": "step 5's no-grad pass", "update": "an update"}
+
+
+def out_of_memory(cfg, step, saved, kind=None):
+    """The line an out-of-memory stop prints: where the run continues from, and what would help.
+    kind: the pass in which run.fit had nothing left to lower; then only a new run that holds less
+    helps (LoRA, a shorter max_new_tokens). None: the error came outside those passes (the
+    optimizer's step, say): the knobs that lower memory and change nothing computed (RESUME_SAFE),
+    halved, or the same new run. saved: the checkpoint's step, or None."""
+    new_run = ("--lora_rank 16 (LoRA: adapters train, the base is frozen in bf16) or "
+               if getattr(cfg, "lora_rank", None) == 0 else "") + \
+        "a shorter --max_new_tokens, or a GPU with more memory"
+    if kind is not None:
+        held = {"generation": ("generation", "gen_batch_size"), "evaluation": ("gen_batch_size",),
+                "no_grad": ("micro_batch_size", "logprob_chunk"),
+                "update": ("micro_batch_size", "logprob_chunk", "gradient_checkpointing")}[kind]
+        at = " ".join(f"--{k} {str(getattr(cfg, k)).lower()}" for k in held)
+        where = ("no checkpoint yet" if saved is None else
+                 f"the checkpoint holds the steps before {saved} (--model {cfg.out_dir}/checkpoint "
+                 f"starts a new run from them)")
+        return (f"out of memory at step {step} in {PASSES[kind]}, even at {at}; {where}; "
+                f"what would help: a new run with {new_run}")
     gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
     knobs = (("micro_batch_size", cfg.micro_batch_size), ("gen_batch_size", gen),
              ("logprob_chunk", cfg.logprob_chunk))
     lower = (" ".join(f"--{k} {v // 2}" for k, v in knobs if v > 1) + " --gradient_checkpointing "
-             "true (experiments/speed.md has settings by GPU memory)").lstrip()
+             "true (experiments/speed.md has settings by GPU memory); or a new run with "
+             + new_run).lstrip()
     if saved is None:
         return (f"out of memory at step {step}, before any checkpoint; "
                 f"start again with less memory per pass: {lower}")
