@@ -265,7 +265,7 @@ def test_help_shows_every_knob_its_values_and_its_comment(capsys):
     assert "(tiny5e-05,real1e-06,lora_tiny0.0005,lora_real1e-05)" in text and "(grpo0.2,gspo0.0003)" in text
     assert "(default'kept',method_entropy'valid',gspo'seq')" in text  # --divisor's three
     # a comment that goes on below its knob's line is all of its help
-    assert "entropy|therandomcontrolsd3s-random|d1s-cross-random(default'd3s')" in text
+    assert "entropy|thecontrolsd3s-entropy|d3s-random|d3s-random-nonzero|d1s-cross-random(default'd3s')" in text
     for knob, words in [("eval_every", "0: only those"), ("save_every", "0: only those"),
                         ("wandb", "pip install wandb"), ("clip_eps_low", "(gspo: GSPO's own)"),
                         ("max_new_tokens", "cut-off rollouts: docs/grading.md")]:
