@@ -215,15 +215,16 @@ def test_the_stop_names_the_knob_that_would_help():
     run would need (LoRA where the knob exists, a shorter max_new_tokens); outside the passes
     run.fit sizes, the knobs that change nothing computed, halved."""
     cfg = config.resolve(train.Config(model="Qwen2.5-0.5B", generation="plain", gen_batch_size=1,
-                                      micro_batch_size=1, logprob_chunk=16,
+                                      micro_batch_size=1, logprob_chunk=16, lora_rank=16,
+                                      out_dir="out/d3s-Qwen2.5-0.5B",
                                       gradient_checkpointing=True, device="cpu"))
     line = out_of_memory(cfg, 3, 2, "generation")
     assert line.startswith("out of memory at step 3 in generation, even at --generation plain "
                            "--gen_batch_size 1; the checkpoint holds the steps before 2 (--model "
                            "out/d3s-Qwen2.5-0.5B/checkpoint starts a new run from them); what "
                            "would help: a new run with ")
-    assert "a shorter --max_new_tokens" in line and "--lora_rank" not in line
-    cfg.lora_rank = 0  # where the LoRA knob exists
+    assert "a shorter --max_new_tokens" in line and "--lora_rank" not in line  # LoRA already
+    cfg.lora_rank = 0  # every weight trains: LoRA would help
     assert "--lora_rank 16" in out_of_memory(cfg, 3, 2, "generation")
     line = out_of_memory(cfg, 3, None, "update")
     assert "in an update, even at --micro_batch_size 1 --logprob_chunk 16 " \
