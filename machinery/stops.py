@@ -44,15 +44,23 @@ class Stop(StoppingCriteria):
         self.old = {}
 
     def handler(self, signum, frame):
-        # os.write, not print: a handler may run inside a print, and a buffered stream refuses a
-        # reentrant call with an exception, which is what this design avoids
         if self.first is None:
             self.first = signum
-            os.write(2, b"\nstopping at the next safe point; signal again to quit now\n")
+            say("stopping at the next safe point; signal again to quit now")
             return
-        os.write(2, f"\nquit at once; the last checkpoint stands{self.resume}\n".encode())
+        say(f"quit at once; the last checkpoint stands{self.resume}")
         try:
             sys.stdout.flush()  # the lines printed so far
-        except Exception:  # a flush this handler interrupted: those lines are lost, not the exit
+        except Exception:  # a flush this handler interrupted, a closed pipe: those lines are lost
             pass
         os._exit(128 + self.first)  # no cleanup runs: a save cut short is dropped on resume
+
+
+def say(line):
+    """One line on stderr. os.write, not print: a handler may run inside a print, and a buffered
+    stream refuses a reentrant call with an exception, which is what this design avoids. A stderr
+    nobody reads any more (a pipe whose reader has gone: EPIPE) loses the line, not the run."""
+    try:
+        os.write(2, f"\n{line}\n".encode())
+    except OSError:
+        pass

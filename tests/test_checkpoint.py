@@ -663,3 +663,53 @@ def test_a_second_signal_after_the_interrupts_save_exits_with_the_first_signals_
     assert e.type is SystemExit and e.value.code == 143  # SIGTERM's, the first
     assert f"python train.py --resume {run_dir}" in capfd.readouterr().err + "".join(said)
     assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 0
+
+
+# ----------------------------------------------------------------------------- what a stop says
+
+# `python train.py ARGV` with a hook set first, so that a signal comes at one exact moment: the
+# hook's code runs in the process before train.py, with `checkpoint` and `run` imported, and
+# train.py then runs as `python train.py` runs it.
+HOOKED = """
+import os, runpy, signal, sys
+sys.path.insert(0, os.getcwd())
+from machinery import checkpoint, run
+{hook}
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train_process(argv, hook="", **popen):
+    """A real train.py process (with a hook: HOOKED), its output as text."""
+    command = [sys.executable] + (["-c", HOOKED.format(hook=hook)] if hook else ["train.py"])
+    return subprocess.Popen(command + argv, cwd=ROOT, text=True, env=ENV,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen})
+
+
+def small_run(run_dir, tiny_dir, steps):
+    return ["--model", tiny_dir, "--out_dir", str(run_dir), "--steps", str(steps),
+            "--eval_every", "0", "--eval_size", "2", "--prompts_per_step", "2", "--group_size", "4",
+            "--save_every", "1000"]
+
+
+def test_a_signal_with_stderr_closed_still_saves_and_exits_130(tmp_path, tiny_dir):
+    """stderr a pipe whose reader has gone (a log collector that died): the first signal's line
+    cannot be written (EPIPE), and that loses the line, not the run: the steps done are saved and
+    the exit is SIGINT's 130."""
+    read, write = os.pipe()
+    proc = train_process(small_run(tmp_path / "run", tiny_dir, 50), stderr=write)
+    os.close(write)
+    os.close(read)  # nobody reads stderr any more
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step    2 "):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, lines + [rest]
+    step = torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    assert step >= 3 and len(rows(tmp_path / "run")) == step  # every step logged is saved
+    assert f"checkpoint saved after step {step - 1}" in rest
