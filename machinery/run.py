@@ -17,7 +17,9 @@ wandb) has said yes, in begin(); a refused start leaves the folder as it found i
 (docs/checkpoints.md has the table):
   - Ctrl-C or SIGTERM sets a flag (machinery/stops.py) that the run reads at points it owns: a step
     whose weights have not moved is abandoned, one whose weights moved is finished; then a
-    checkpoint of the steps applied, the command to continue, and exit 130 or 143.
+    checkpoint of the steps applied, the command to continue, and exit 130 or 143. Once the last
+    evaluation is recorded, nothing is left to stop: the run ends as it would have. Every line
+    names the command that works in the state the folder is in (status).
   - out of memory in a pass is retried in place by run.fit, with half the batch; it stops the run
     (with a checkpoint when no weight of the step had moved) only when a batch of 1 does not fit.
   - NaN or inf logits: no checkpoint (these weights are what went wrong); one line names the step.
@@ -52,8 +54,12 @@ class Run:
         self.cfg, self.given, self.log = cfg, given, log
         self.state, self.lock, self.created, self.model, self.bar, self.wandb = \
             None, None, False, None, None, None
-        # a signal's flag; has a weight of this step moved (an optimizer's step hook says)
+        # a signal's flag, which asks the run where it is; has a weight of this step moved (an
+        # optimizer's step hook says)
         self.stop, self.moving, self.redone = Stop(), False, False
+        self.stop.status = self.status
+        # the run's own command (_open), its steps applied and evaluations, before _open sets them
+        self.again, self.completed, self.history = {}, 0, []
         # the step and the evaluations of the last checkpoint
         self.saved, self.saved_history = None, None
 
@@ -72,6 +78,9 @@ class Run:
         locked."""
         cfg = self.cfg
         given = config.given_knobs(cfg) if self.given is None else set(self.given)
+        # the command that starts this run again (status): the knobs given, as given
+        self.again = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                      if f.name in given and f.name not in ("resume", "overwrite")}
         self.stop.install()
         if cfg.resume:  # locked before anything reads it: a live run may be saving into it
             if not os.path.isdir(cfg.resume):
@@ -101,7 +110,6 @@ class Run:
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
             self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
-        self.stop.resume = f"; continue with: python train.py --resume {run_dir}"
         self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                        else cfg.device)
 
@@ -272,7 +280,8 @@ class Run:
         leave with the signal's code (config.main exits with 128 + it)."""
         code = self.stop.first
         if self.model is None:
-            self.log(f"\ninterrupted before step {self.start}: nothing new to save")
+            self.log(f"\ninterrupted before step {self.start}: nothing new to save; "
+                     f"{self.status()[2]}")
             raise KeyboardInterrupt(code) from None
         self.optimizer.zero_grad(set_to_none=True)  # an abandoned step's gradients
         if (self.saved, self.saved_history) != (self.completed, len(self.history)):
@@ -284,6 +293,26 @@ class Run:
         self.log(f"\ninterrupted: {done}; continue with: "
                  f"python train.py --resume {self.cfg.out_dir}")
         raise KeyboardInterrupt(code) from None
+
+    def status(self):
+        """Where the run is, for a signal (machinery/stops.py): ("running", or "finishing" once its
+        last evaluation is recorded, or "complete" once that is saved too; what the folder holds;
+        the command that goes on from it as it is now): --resume once it holds a finished
+        checkpoint of this run; before that, this run's own command, with --overwrite true once
+        the run has written into the folder."""
+        cfg = self.cfg
+        if self.saved == cfg.steps and self.saved_history == len(self.history):
+            return "complete", f"the run is complete in {cfg.out_dir}", ""
+        last = self.completed == cfg.steps and cfg.steps in [h["step"] for h in self.history]
+        state = "finishing" if last else "running"
+        if cfg.resume or self.saved is not None:
+            return state, "the last checkpoint stands", \
+                f"continue with: python train.py --resume {cfg.resume or cfg.out_dir}"
+        if self.model is None:  # nothing written yet: the folder is as this run found it
+            return state, "nothing was saved", \
+                f"start it again with: {checkpoint.command(self.again)}"
+        return state, "no checkpoint was saved yet", \
+            f"start it again with: {checkpoint.command({**self.again, 'overwrite': True})}"
 
     def _out_of_memory(self):
         """The out-of-memory line, after saving what can be saved: the steps applied, when no weight

@@ -6,6 +6,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -126,9 +127,9 @@ def quit_now(monkeypatch):
     return lambda mp: mp.setattr(os, "_exit", exit_now)
 
 
-def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, quit_now):
+def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, quit_now, capfd):
     """A second SIGTERM while the first waits for the step's updates quits at once, without saving,
-    with SIGTERM's 143."""
+    with SIGTERM's 143, and offers the fresh start that replaces the run, not --resume."""
     real = train.optimizer_step
 
     def twice(*a, **k):
@@ -142,6 +143,11 @@ def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, q
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
     assert e.value.code == 143 and not (tmp_path / "run" / "checkpoint").exists()
+    said = capfd.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("quit at once; no checkpoint was saved yet; start it again with: "), said
+    offered = shlex.split(said.split("start it again with: ")[1])
+    assert config.parse_args(train.Config, offered[2:]) == \
+        config.parse_args(train.Config, argv + ["--overwrite", "true"])
 
 
 def small_memory(monkeypatch, rows_that_fit):
@@ -713,3 +719,116 @@ def test_a_signal_with_stderr_closed_still_saves_and_exits_130(tmp_path, tiny_di
     step = torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"]
     assert step >= 3 and len(rows(tmp_path / "run")) == step  # every step logged is saved
     assert f"checkpoint saved after step {step - 1}" in rest
+
+
+def test_every_command_a_stop_offers_works_in_the_state_the_folder_is_in(tmp_path, tiny_dir):
+    """Two SIGTERMs before the first checkpoint, the second during the interrupt's own save: the
+    quit leaves a folder with no finished checkpoint, so its line offers the fresh start that
+    replaces it (the run's own flags and --overwrite true), not --resume; --resume and a plain start
+    into that folder say so too, and the command offered runs the run to its end."""
+    run_dir = tmp_path / "run"
+    argv = small_run(run_dir, tiny_dir, 2)
+    hook = """
+real = checkpoint.fsync
+def fsync(path):  # the interrupt's own save: a second SIGTERM
+    if not getattr(fsync, "sent", False):
+        fsync.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(path)
+checkpoint.fsync = fsync
+"""
+    proc = train_process(argv, hook)
+    for line in proc.stdout:
+        if line.startswith("step    0 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (out, err)
+    quit_line = err.strip().splitlines()[-1]
+    assert quit_line.startswith("quit at once; no checkpoint was saved yet; start it again with: "
+                                "python train.py "), err
+    assert not (run_dir / "checkpoint" / "trainer.pt").exists()
+    offered = shlex.split(quit_line.split("start it again with: ")[1])
+    assert offered[:2] == ["python", "train.py"]
+    want = config.parse_args(train.Config, argv + ["--overwrite", "true"])
+    assert config.parse_args(train.Config, offered[2:]) == want  # the same run, replacing it
+    resumed = train_process(["--resume", str(run_dir)])  # one after the other: one run.lock
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 2 and f"--resume {run_dir}: incomplete run folder" in err, err
+    by_resume = shlex.split(err.split("start it again with: ")[1])
+    assert config.parse_args(train.Config, by_resume[2:]) == want, err
+    plain = train_process(argv)  # the folder as --resume left it: checkpoint.tmp dropped
+    _, err = plain.communicate(timeout=120)
+    assert plain.returncode == 2 and err == (f"error: {run_dir} holds another run (config.json, "
+                                             f"log.jsonl): it has no finished checkpoint to "
+                                             f"continue; replace it with --overwrite true, or "
+                                             f"pass another --out_dir\n"), err
+    done = subprocess.run([sys.executable, *offered[1:]], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in rows(run_dir)] == [0, 1]
+
+
+def test_a_signal_once_the_run_is_complete_says_so_and_exits_0(tmp_path, tiny_dir):
+    """SIGINT during the final save: nothing is left to stop, so the line says the run ends once
+    that save is done (not "stopping at the next safe point"), and it does, with exit 0. Two
+    SIGINTs in finish(), the run saved: the first says it is complete, the second quits with 0."""
+    final_save = """
+real = checkpoint.save
+def save(run_dir, model, tokenizer, optimizer, step, *a, **k):
+    if step == 2:  # the final save
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(run_dir, model, tokenizer, optimizer, step, *a, **k)
+checkpoint.save = save
+"""
+    in_finish = """
+real = run.Run.finish
+def finish(self):
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(self)
+run.Run.finish = finish
+"""
+    saving = train_process(small_run(tmp_path / "save", tiny_dir, 2), final_save)
+    finishing = train_process(small_run(tmp_path / "finish", tiny_dir, 2), in_finish)
+    out, err = saving.communicate(timeout=120)
+    assert saving.returncode == 0 and "stopping at the next safe point" not in err, err
+    assert err.strip() == ("the run's steps and evaluations are done: it ends once its last "
+                           "checkpoint is saved"), err
+    assert out.splitlines()[-1].startswith("done: held-out accuracy")
+    state = torch.load(tmp_path / "save" / "checkpoint" / "trainer.pt", weights_only=False)
+    assert state["step"] == 2
+    out, err = finishing.communicate(timeout=120)
+    assert finishing.returncode == 0 and "stopping at the next safe point" not in err, err
+    assert err.split() == ("the run is complete: it ends now quit at once; the run is complete in "
+                           f"{tmp_path / 'finish'}").split(), err
+
+
+def test_a_refused_start_offers_resume_only_where_a_finished_checkpoint_is(tmp_path):
+    """check_fresh names --resume only for a folder that --resume can continue: a finished
+    checkpoint, also one a crash left in checkpoint.tmp with its marker (finish_swap completes it);
+    a folder with a config.json alone, or a checkpoint.tmp without its marker, is offered
+    --overwrite true. A corrupt or unreadable config.json still offers a start that works."""
+    (tmp_path / "config.json").write_text('{"seed": 1, "steps": 3}')
+    (tmp_path / "checkpoint.tmp").mkdir()
+    (tmp_path / "checkpoint.tmp" / "trainer.pt.part").write_bytes(b"")  # a save cut short
+    with pytest.raises(ValueError) as e:
+        checkpoint.check_fresh(str(tmp_path))
+    assert "no finished checkpoint to continue; replace it with --overwrite true" in str(e.value)
+    assert "--resume" not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        checkpoint.load(str(tmp_path), train.Config)
+    assert str(e.value).endswith(f"start it again with: python train.py --steps 3 --seed 1 "
+                                 f"--out_dir {tmp_path} --overwrite true"), e.value
+    assert not (tmp_path / "checkpoint.tmp").exists()  # load dropped the save cut short
+    (tmp_path / "checkpoint.tmp").mkdir()
+    (tmp_path / "checkpoint.tmp" / "trainer.pt").write_bytes(b"")  # a save complete but not swapped
+    assert checkpoint.resumable(str(tmp_path))
+    with pytest.raises(ValueError, match=f"continue it with python train.py --resume {tmp_path}, "):
+        checkpoint.check_fresh(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint.start_again(str(tmp_path), train.Config) == (
+        f"python train.py --out_dir {tmp_path} --overwrite true and the flags it ran with")
+    knobs = {"data_dir": "", "model": "my runs/x", "wandb": "", "overwrite": True}
+    assert checkpoint.command(knobs) == ("python train.py --data_dir '' --model 'my runs/x' "
+                                         "--wandb '' --overwrite true")
