@@ -28,6 +28,8 @@ import shutil
 
 import torch
 
+import d3s
+
 try:
     import fcntl  # POSIX
 except ImportError:
@@ -40,6 +42,9 @@ VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step 
 RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb",
                "micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkpointing",
                "generation")
+# What config.json records beside the knobs, so that an edit outside the config block shows:
+# d3s.METHODS[method] as the run ran it, and the value each pick() line gave this run.
+RECORDED = ("method_spec", "picked")
 
 
 def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None):
@@ -177,7 +182,7 @@ def finish_swap(run_dir):
 
 
 def load(run_dir, config_class=None):
-    """The saved config (a dict) and trainer state of a run folder, or a
+    """The saved config (a dict: its knobs and RECORDED) and trainer state of a run folder, or a
     one-line ValueError; config_class (train.Config) names the fresh start that replaces a run
     that cannot be resumed."""
     ckpt = os.path.join(run_dir, "checkpoint")
@@ -211,7 +216,8 @@ def resume(cfg, given):
     """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in
     the folder given (it may have been moved), and only the RESUME_SAFE knobs may change:
     state["changed"] holds {knob: [saved, new]}, for the caller to record once the new values are
-    accepted. Every knob of the saved config counts as given."""
+    accepted. Every knob of the saved config counts as given. A run whose method d3s.py now
+    defines otherwise (config.json's method_spec) is refused: it would not continue exactly."""
     saved, state = load(cfg.resume, type(cfg))
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
@@ -219,15 +225,40 @@ def resume(cfg, given):
                          f"{', '.join('--' + n for n in refused)} cannot change now "
                          f"(only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); "
                          f"start a new run to change them")
+    recorded = {k: saved.pop(k) for k in RECORDED if k in saved}
     known = {f.name for f in dataclasses.fields(cfg)}
     if set(saved) != known:
         raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this "
                          f"train.py ({', '.join(sorted(set(saved) ^ known))}); start it again "
                          f"with: {start_again(cfg.resume, type(cfg))}")
+    edited = spec_changes(saved["method"], recorded.get("method_spec"))
+    if edited:
+        raise ValueError(f"--resume {cfg.resume}: d3s.METHODS[{saved['method']!r}] has changed "
+                         f"since the run started ({edited}), so it would not continue exactly; "
+                         f"put it back in d3s.py, or start it again with: "
+                         f"{start_again(cfg.resume, type(cfg))}")
     changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given)
                if n != "resume" and saved[n] != getattr(cfg, n)}
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
     return type(cfg)(**saved), known, {**state, "changed": changed}
+
+
+def method_spec(method):
+    """d3s.METHODS[method] as config.json records it (its modes, schedule and any other entry)."""
+    return json.loads(json.dumps(d3s.METHODS.get(method), default=str))
+
+
+def spec_changes(method, recorded):
+    """How d3s.METHODS[method] now differs from the spec a run recorded ("schedule linear ->
+    constant"), or "" (also for a config.json from before method_spec was recorded)."""
+    now = method_spec(method)
+    if recorded is None or recorded == now:
+        return ""
+    if now is None:
+        return "it is no longer there"
+    return ", ".join(f"{k} {recorded.get(k, 'absent')} -> {now.get(k, 'absent')}"
+                     for k in dict.fromkeys([*recorded, *now])
+                     if recorded.get(k, "absent") != now.get(k, "absent"))
 
 
 def record_resume(run_dir, step, changed, why=None):

@@ -26,9 +26,11 @@ paper's wall-clock unit), the mean reward, the share of rollouts kept and of gen
 trained, the tokens trained so far and the seconds spent so far, one line per run. Each line is
 labelled by the knobs of its config.json that differ between the runs ("method=grpo" /
 "method=d3s"), leaving out the knobs that change nothing computed (config.UNNAMED: out_dir, device,
-eval_every, micro_batch_size ...) and keep ratios a method does not use. The held-out accuracy comes
-from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is drawn
-from its log.jsonl alone and its label says so.
+eval_every, micro_batch_size ...), keep ratios a method does not use and the divisor its method and
+loss picked (config.json's picked); runs of one method that d3s.py defined otherwise are labelled
+by what changed in its spec (config.json's method_spec: "schedule=constant"). The held-out
+accuracy comes from RUN/checkpoint/trainer.pt; a run without one (stopped before its first
+checkpoint) is drawn from its log.jsonl alone and its label says so.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
 rollout and token by token, the picture of what D3S keeps. For a few groups of the step just trained
@@ -175,14 +177,13 @@ OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "
 
 def _used(knob, config):
     """Does this run's method use this keep ratio? config.json records 1 (or the 80/20 share) for a
-    ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
+    ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method. Is its
+    divisor other than the one its method and loss picked (config.json's picked; a config.json
+    from before picked: yes)?"""
     import d3s  # here: `import plots` needs no torch
     method = d3s.METHODS.get(config.get("method"))
-    if knob == "divisor":  # the divisor its method and loss pick (train.py's line) repeats them
-        import train
-        from machinery.config import picked
-        return config.get(knob) != picked(train.Config.__dataclass_fields__[knob], None,
-                                          config.get("loss", "grpo"), config.get("method") or "")
+    if knob == "divisor":  # the divisor its method and loss picked only repeats them
+        return config.get(knob) != config.get("picked", {}).get(knob)
     if knob not in RATIOS or method is None:
         return True
     if method[RATIOS[knob]] == "none" or (RATIOS[knob] == "token" and "t_keep" in method):
@@ -198,20 +199,36 @@ def _value(v):
 
 def run_labels(configs, names):
     """One label per run: "knob=value, ..." for each knob whose value differs between the runs'
-    configs (config.json dicts; None: the run has none), in config order. A run without a
-    config.json, or whose label would be empty or another run's, is named by its folder (names) as
-    well."""
-    from machinery import config  # here: `import plots` needs no torch
+    configs (config.json dicts; None: the run has none), in config order, then what differs in the
+    method_spec of runs of one method. A run without a config.json, or whose label would be empty
+    or another run's, is named by its folder (names) as well."""
+    from machinery import checkpoint, config  # here: `import plots` needs no torch
     # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed
     # (where the run is written, when it reports, where it runs, how it fits in memory), and the
     # method and model, which do change it: two runs that differ only in the others are the same
-    # run, so they label nothing
-    unlabelled = set(config.UNNAMED) - {"method", "model"}
+    # run, so they label nothing. checkpoint.RECORDED is not a knob: the method names its spec,
+    # and picked repeats the knobs.
+    unlabelled = set(config.UNNAMED) - {"method", "model"} | set(checkpoint.RECORDED)
     have = [c for c in configs if c is not None]
     knobs = list(dict.fromkeys(k for c in have for k in c if k not in unlabelled))
-    differ = [k for k in knobs if len({_value(c.get(k)) for c in have if _used(k, c)}) > 1]
+    # where the values a label would use differ; the divisor's wherever they differ: the one a
+    # run's method and loss picked labels nothing, a given one beside it does
+    differ = [k for k in knobs
+              if len({_value(c.get(k)) for c in have if k == "divisor" or _used(k, c)}) > 1]
+    # but where runs of one method recorded different specs (d3s.py edited between them), the
+    # entries that differ label those runs: "schedule=constant"
+    specs = {}
+    for c in have:
+        if "method_spec" in c:
+            specs.setdefault(c.get("method"), []).append(c["method_spec"])
+    edited = {m: [k for k in dict.fromkeys(k for sp in sps for k in sp)
+                  if len({_value(sp.get(k)) for sp in sps}) > 1] for m, sps in specs.items()}
+
     def knobs_of(c):  # "knob=value, ..."
-        return ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
+        spec = c.get("method_spec") or {}
+        return ", ".join([f"{k}={_value(c.get(k))}" for k in differ if _used(k, c)] +
+                         [f"{k}={_value(spec.get(k))}" for k in edited.get(c.get("method"), [])
+                          if spec])
     labels = [None if c is None else knobs_of(c) for c in configs]
     out = []
     for name, c, label in zip(names, configs, labels):

@@ -216,7 +216,7 @@ class Run:
 
     def _write_config(self):
         with open(os.path.join(self.cfg.out_dir, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(self.cfg), f, indent=2)
+            json.dump(config_json(self.cfg, self.world), f, indent=2)
 
     def end_step(self, row, selection):
         """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an
@@ -340,6 +340,16 @@ def due(step, every, steps, first=True):
     """Is an evaluation (first: also at step 0) or a checkpoint due at `step`? Every `every` steps
     (0: never) and at the end."""
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
+
+
+def config_json(cfg, world):
+    """What RUN/config.json holds: every knob as the run uses it, then (checkpoint.RECORDED) what
+    d3s.METHODS says its method is and the value each pick() line gives this run, so that an edit
+    of either shows (and a resume refuses one of d3s.py)."""
+    picked = {f.name: config.picked(f, world, cfg.loss, cfg.method)
+              for f in dataclasses.fields(cfg) if "pick" in f.metadata}
+    return {**dataclasses.asdict(cfg), "method_spec": checkpoint.method_spec(cfg.method),
+            "picked": picked}
 
 
 def first_lines(cfg, world, device, state, n_train, n_eval):

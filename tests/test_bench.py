@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from experiments import bench
-from machinery import config
+from machinery import checkpoint, config
 import train
 
 DIVISOR = getattr(train.Config, "divisor", None)  # a knob of train.py's to come
@@ -619,8 +619,9 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         ran = json.loads((run / "config.json").read_text())
         knobs = (ran["method"], ran["lr"], ran["max_new_tokens"], ran["micro_batch_size"])
         assert knobs == (m, lr, 30, 3)
-        # what a repeat compares with
-        assert json.loads((run / "result.json").read_text())["config"] == ran
+        # what a repeat compares with: config.json's knobs
+        assert json.loads((run / "result.json").read_text())["config"] == {
+            k: v for k, v in ran.items() if k not in checkpoint.RECORDED}
         # train.py's own printed evaluations, independent of the returned history
         accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(",
                                                 (run / "train.log").read_text())]
@@ -647,6 +648,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         # its train.py command line is this very run
         cfg, given = config.parse_args(train.Config, run["command"].split()[2:])
         saved = json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        assert saved.pop("method_spec") == bench.d3s.METHODS[m]  # beside the knobs: the method
+        assert saved.pop("picked")["lr"] == 5e-5  # and the config block's values for the run
         assert bench.as_json(config.resolve(cfg, given)) == saved
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 ->
     # 0.75, and round(0.7 * valid) tokens at the last step (t_final 0.7)

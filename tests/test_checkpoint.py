@@ -832,3 +832,29 @@ def test_a_refused_start_offers_resume_only_where_a_finished_checkpoint_is(tmp_p
     knobs = {"data_dir": "", "model": "my runs/x", "wandb": "", "overwrite": True}
     assert checkpoint.command(knobs) == ("python train.py --data_dir '' --model 'my runs/x' "
                                          "--wandb '' --overwrite true")
+
+
+def test_config_json_records_the_method_spec_and_a_resume_refuses_an_edit(tmp_path, tiny_dir,
+                                                                         monkeypatch, capsys):
+    """config.json records d3s.METHODS[method] (method_spec) and each pick() line's value for the
+    run (picked), beside the knobs; a resume reads them as no knob. A method edited in d3s.py since
+    the run started is refused with one line that names the change; a config.json from before
+    method_spec resumes."""
+    run_dir = tmp_path / "run"
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, steps=1, eval_every=0))
+    saved = json.load(open(run_dir / "config.json"))
+    assert saved["method_spec"] == {"sample": "cross", "token": "adv_entropy", "schedule": "linear"}
+    assert saved["picked"]["divisor"] == "kept" and saved["picked"]["lr"] == 5e-5
+    assert saved["lr"] == 1e-4  # KW's, given: the knob as it ran, its line's value beside it
+    config.main(train.Config, train.train, ["--resume", str(run_dir)])  # as it was: it resumes
+    edited = {**train.d3s.METHODS["d3s"], "schedule": "constant"}
+    monkeypatch.setitem(train.d3s.METHODS, "d3s", edited)
+    err = exit_2(["--resume", str(run_dir)], capsys)
+    assert err.startswith(f"error: --resume {run_dir}: d3s.METHODS['d3s'] has changed since the "
+                          f"run started (schedule linear -> constant), so it would not continue "
+                          f"exactly; put it back in d3s.py, or start it again with: python "
+                          f"train.py --model {tiny_dir} "), err
+    monkeypatch.undo()
+    del saved["method_spec"], saved["picked"]
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    config.main(train.Config, train.train, ["--resume", str(run_dir)])

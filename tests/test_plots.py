@@ -556,9 +556,10 @@ def test_curves_name_each_token_share_by_its_denominator():
 
 def resolved(**knobs):
     """config.json as train.py writes it for these knobs."""
-    from machinery import config
+    from machinery import config, run, tiny
     import train
-    return dataclasses.asdict(config.resolve(train.Config(**knobs)))
+    cfg = config.resolve(train.Config(**knobs))
+    return run.config_json(cfg, tiny.world_of(cfg.model))
 
 
 def test_labels_say_what_differs_and_nothing_else():
@@ -845,3 +846,35 @@ def test_forks_are_marked_in_every_rollout_and_a_trained_fork_is_told_apart(tmp_
     keys = legend_keys(plots.selection_html(d3s_step[-1]))
     assert ("fork / trained fork: a token sampled with entropy H > 0.672 nats (the 80/20 paper's "
             "forking threshold), in every rollout shown") in keys
+
+
+def test_no_module_under_machinery_imports_train():
+    """Imports run one way (STYLE.md): the learner's files use machinery/, never the reverse, so
+    machinery/plots.py reads the divisor its run's line picked from config.json, not train.py."""
+    import ast
+    for path in sorted((ROOT / "machinery").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "train" or n.startswith("train.") for n in names), path.name
+
+
+def test_labels_read_the_divisor_and_the_method_from_config_json():
+    """The divisor its method and loss pick (config.json's picked) repeats them and labels nothing;
+    a given one does. Two runs of one method that d3s.py defined otherwise between them (their
+    method_spec) are labelled by what changed. picked and method_spec are no knobs to label."""
+    grpo, gspo = resolved(out_dir="out/a"), resolved(loss="gspo", out_dir="out/b")
+    assert (grpo["picked"]["divisor"], gspo["picked"]["divisor"]) == ("kept", "seq")
+    eps = "clip_eps_low=0.0003, clip_eps_high=0.0004"  # GSPO's own, picked by the loss too
+    assert plots.run_labels([grpo, gspo], ["a", "b"]) == [
+        "loss=grpo, clip_eps_low=0.2, clip_eps_high=0.2", f"loss=gspo, {eps}"]
+    given = dict(gspo, divisor="kept", out_dir="out/c")  # --loss gspo --divisor kept
+    assert plots.run_labels([gspo, given], ["b", "c"]) == ["b", "divisor=kept"]
+    valid = dict(grpo, divisor="valid")
+    assert plots.run_labels([grpo, valid], ["a", "c"]) == ["a", "divisor=valid"]
+    edited = dict(grpo, out_dir="out/d",
+                  method_spec=dict(grpo["method_spec"], schedule="constant"))
+    assert plots.run_labels([grpo, edited], ["a", "d"]) == ["schedule=linear", "schedule=constant"]
+    old = {k: v for k, v in grpo.items() if k not in ("picked", "method_spec")}  # before both
+    assert plots.run_labels([old, resolved(method="grpo")], ["a", "e"]) == [
+        "method=d3s", "method=grpo"]
