@@ -151,7 +151,7 @@ class Run:
         self.history.append({"step": step, "tokens": self.tokens_trained, "accuracy": accuracy})
         self.redone = step == self.start > 0  # a resumed run redid a missing evaluation: save it
         self.say(f"eval step {step} | held-out accuracy {accuracy:.3f} ({self.eval_size} held-out "
-                 f"{self.cfg.dataset} prompts, greedy)")
+                 f"{data_name(self.cfg, self.world)} prompts, greedy)")
         if step > 0:  # before the first step there is nothing to draw
             plots.plot_run(self.cfg.out_dir, self.history)
         if self.wandb:
@@ -250,7 +250,7 @@ class Run:
         cfg, h = self.cfg, self.history
         idle = sum(r["no_signal"] for r in plots.read_log(cfg.out_dir) if r["step"] >= self.start)
         self.log(f"done: held-out accuracy {h[0]['accuracy']:.3f} -> {h[-1]['accuracy']:.3f} "
-                 f"({cfg.dataset}, {self.eval_size} prompts, greedy); {idle} of "
+                 f"({data_name(cfg, self.world)}, {self.eval_size} prompts, greedy); {idle} of "
                  f"{cfg.steps - self.start} steps had nothing to learn (no update); "
                  f"run folder {cfg.out_dir}")
         return h
@@ -352,6 +352,13 @@ def config_json(cfg, world):
             "picked": picked}
 
 
+def data_name(cfg, world):
+    """The data set as the run's lines name it: a tiny world's run on its own questions names its
+    world (--dataset picks tiny for every tiny world, and tiny-fork's questions are tiny's)."""
+    same = tiny.WORLDS.get(cfg.dataset, {}).get("terms") == tiny.WORLDS.get(world, {}).get("terms")
+    return world if world and same else cfg.dataset
+
+
 def first_lines(cfg, world, device, state, n_train, n_eval):
     """What the run is: where, on what, and the values a learner edits most, so that an edit of the
     config block shows in the run's first lines."""
@@ -365,7 +372,7 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
                      zip(("rho_s", "rho_t"), *ends)) + (" (fixed)" if ends[0] == ends[1] else "")
     return [f"run {cfg.out_dir} | {cfg.model} on {device}, {where}{resumed}",
             f"data {n_train} train / {n_eval} held-out: "
-            f"{describe(cfg.dataset, 'test', cfg.data_dir or None)}",
+            f"{describe(data_name(cfg, world), 'test', cfg.data_dir or None)}",
             f"method {cfg.method} ({m['sample']} samples, {m['token']} tokens, "
             f"{m['schedule']} schedule) + {cfg.loss} loss, divisor {cfg.divisor} | keep {keep}",
             f"steps {cfg.steps} of {cfg.prompts_per_step} prompts x {cfg.group_size} = "

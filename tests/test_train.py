@@ -564,3 +564,17 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
     row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
                       {"no_answer": 0}, updates)
     assert row["clip_frac"] == 0.2  # a weighted mean of the shares would give (0.1 * 100 + 0.3 * 10) / 110
+
+
+def test_a_tiny_fork_run_names_its_world_in_its_lines(tmp_path, fork_dir):
+    """--model tiny-fork evaluates on the tiny-fork world's questions (the dataset knob picks tiny
+    for every tiny world: the same questions); its data line, evaluation lines and last line name
+    that world, not "tiny"."""
+    _, lines, _ = run(tmp_path, "fork", fork_dir, steps=1, eval_size=2, eval_every=0)
+    assert lines[1].startswith("data ") and ": tiny-fork test split (" in lines[1], lines[1]
+    evals = [line for line in lines if line.startswith("eval step")]
+    assert len(evals) == 2 and all("(2 held-out tiny-fork prompts, greedy)" in e for e in evals)
+    assert "(tiny-fork, 2 prompts, greedy)" in lines[-1]
+    _, lines, _ = run(tmp_path, "tiny", fork_dir, steps=1, eval_size=2, eval_every=0,
+                      dataset="tiny-long")  # another world's questions: that world's name
+    assert "(2 held-out tiny-long prompts, greedy)" in lines[4], lines
