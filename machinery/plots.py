@@ -38,10 +38,11 @@ rollout and token by token, the picture of what D3S keeps. For a few groups of t
 its tokens as the tokenizer decodes them one by one. Four marks, never confused: a rollout sample
 selection dropped (it never reaches the model) is faded and struck through; in a kept rollout each
 token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's scores), and
-the tokens token selection trained are also bold and underlined in vermillion; in every rollout,
-kept or dropped, a bluish-green bar above marks each fork, a token sampled with an entropy above
-FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a bar above and one
-below. The header gives the step's forking share and how many forks were trained. A zero-variance
+the tokens token selection trained are also bold with a thick vermillion bar below; in every
+rollout, kept or dropped, a bluish-green triangle above points at each fork, a token sampled with
+an entropy above FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a
+triangle above and a bar below. Each mark is 6 px, readable at 100% zoom, and the legend shows
+each. The header gives the step's forking share and how many forks were trained. A zero-variance
 group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what they train.
 The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
 RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
@@ -525,17 +526,20 @@ SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform dra
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
-# reddish purple for special tokens, bluish green for a fork (a bar above the token, in every
-# rollout: trained, a fork also has the vermillion bar below). Only a dropped rollout is grey (and
+# reddish purple for special tokens, bluish green for a fork (a triangle above the token, in every
+# rollout: trained, a fork also has the vermillion bar below): two shapes, two colours, two places,
+# each MARK px (the lines are spaced for them). Only a dropped rollout is grey (and
 # struck through): a kept rollout's tokens that were not trained are dark text, so the two never
 # look alike.
 BLUE, VERMILLION, PURPLE, GREEN = (0, 114, 178), "#d55e00", "#cc79a7", "#009e73"
+MARK = 6  # px: the trained bar's height and the fork triangle's, readable at 100% zoom
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;background:#fff;
  margin:14px 20px;max-width:1160px}
 h1{font-size:19px;margin:0 0 8px}
 h2{font-size:15px;margin:0 0 4px}
 nav,.rule,.legend{margin:4px 0;font-size:13px}
+.legend{line-height:32px}
 .cards{display:flex;flex-wrap:wrap;gap:8px;margin:8px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:3px 9px}
 .card b{display:block;font-size:18px}
@@ -554,26 +558,29 @@ td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:n
  font-size:13px}
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:1.4}
+td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:32px}
 tr.dropped td{color:#a0a0a0}
 tr.kept td:nth-child(3){font-weight:bold}
-u{text-decoration:none;margin-right:1px;padding:1px 0}
+u{text-decoration:none;margin-right:1px;padding:1px 0;position:relative}
 tr.dropped u,.gone{color:#a0a0a0;background:#f2f2f2;text-decoration:line-through}
 u[class^=d]{color:#222}
-u[class^=k]{color:#000;font-weight:bold;box-shadow:inset 0 -3px VERMILLION}
-.all u[class^=k]{font-weight:normal;box-shadow:inset 0 -1px VERMILLION}
+u[class^=k]{color:#000;font-weight:bold;box-shadow:0 MARKpx VERMILLION}
+.all u[class^=k]{font-weight:normal;box-shadow:0 2px VERMILLION}
 i{font-style:normal;color:#aaa}
 .sp{color:PURPLE;border:1px solid PURPLE;border-radius:3px;font-size:11px;padding:0 2px}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
-""".replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE)
+""".replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE).replace("MARK", str(MARK))
 # the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7
 # the highest; a fork's class is the same with an f (k5f)
 CSS += "".join(f".k{b},.d{b},.k{b}f,.d{b}f{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},"
                f"{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n" for b in range(BINS))
 # every fork's class, named one by one (no substring match): f in a dropped rollout, kf / df
-# unscored, k0f .. d7f scored
-CSS += (",".join(f".{c}f" for c in ["", "k", "d", *(f"{m}{b}" for m in "kd" for b in range(BINS))])
-        + f"{{border-top:2px solid {GREEN}}}\n")
+# unscored, k0f .. d7f scored; its mark a triangle MARK px high, pointing down at the token
+CSS += (",".join(f".{c}f::before" for c in ["", "k", "d", *(f"{m}{b}" for m in "kd" for b in
+                                                          range(BINS))])
+        + f'{{content:"";position:absolute;left:50%;bottom:100%;margin-left:-{MARK // 2 + 1}px;'
+          f"border:solid transparent;border-width:{MARK}px {MARK // 2 + 1}px 0;"
+          f"border-top-color:{GREEN}}}\n")
 
 WHITESPACE = {" ": "·", "\t": "→", "\n": "↵"}  # shown faint; a newline is also a real line break
 
