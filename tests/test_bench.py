@@ -766,6 +766,28 @@ def test_paired_compares_a_method_with_its_random_twin_in_one_study(tmp_path, ca
         paired.main(str(tmp_path / "runs"), str(tmp_path))
 
 
+def test_paired_with_one_seed_prints_the_difference_and_says_it_has_no_interval(tmp_path, capsys):
+    from experiments import paired
+    runs = []
+    for method, final in (("d3s", 0.6), ("d3s-random", 0.45)):
+        out_dir = tmp_path / "runs" / f"{method}-seed0"
+        out_dir.mkdir(parents=True)
+        rows = fake_steps(2, kept=8, tokens=100, t_gen=1.0, t_upd=0.5, updates=lambda i: 4)
+        (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"method": method, "seed": 0, "lr": 5e-5, "updates_per_batch": 4,
+                     "out_dir": str(out_dir), "error": None,
+                     "history": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": final}]})
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    paired.main(f"{tmp_path}:d3s-random", f"{tmp_path}:d3s")
+    out = capsys.readouterr().out.splitlines()
+    line = next(s for s in out if s.startswith("| d3s - "))
+    row = [c.strip() for c in line.strip("|").split("|")]
+    # final .6 - .45 = +15.0 points; AUC (.2 + .6) / 2 - (.2 + .45) / 2 = +7.5; no "±"
+    assert row[:7] == ["d3s - d3s-random", "1", "K 4, 5e-05", "K 4, 5e-05", "+15.0", "+7.5", "1/1"]
+    assert out[-1] == ("d3s - d3s-random: one seed, so its differences have no interval (a 95% "
+                       "interval needs two or more seeds)")
+
+
 def test_paired_and_study_sh_print_their_usage():
     # what the docs print: --help exits 0 with the usage on stdout; no argument is an error
     root = Path(bench.__file__).resolve().parents[1]
