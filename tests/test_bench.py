@@ -531,6 +531,16 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path, twins):
     assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == knobs
 
 
+def test_any_schedule_but_the_constant_one_reads_the_final_ratios(monkeypatch):
+    """Whether a method has a schedule comes from d3s (not a test for "linear"): a schedule added
+    to d3s.py, say "cosine", reads *_final like the linear one; "constant" reads *_init only."""
+    spec = dict(sample="cross", token="adv_entropy")
+    monkeypatch.setitem(bench.d3s.METHODS, "d3s-cosine", dict(spec, schedule="cosine"))
+    monkeypatch.setitem(bench.d3s.METHODS, "d3s-flat", dict(spec, schedule="constant"))
+    assert bench.schedule_knobs("d3s-cosine") == ["s_init", "s_final", "t_init", "t_final"]
+    assert bench.schedule_knobs("d3s-flat") == ["s_init", "t_init"]
+
+
 def test_all_methods_get_the_ratios_they_read(tmp_path):
     _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out",
                                               str(tmp_path), "--s_init", "0.5", "--s_final", "0.9",
