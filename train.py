@@ -30,9 +30,9 @@ from reward import score
 from rollout import completion_hidden, generate_groups, head_logprobs, micro_batches
 
 # -----------------------------------------------------------------------------
-# config: every knob with its value; pick(tiny=..., real=...) holds the tiny worlds' and a real
-# model's, gspo=... by --loss, method_entropy=... by --method (machinery/config.py: which wins).
-# Edit it here or pass --name value; config.json records the run.
+# config: every knob with its value; pick(...) holds one value per kind of run, the first that
+# applies wins: a world's own (tiny_long=...), tiny= or real=, the loss's (gspo=...), the method's
+# (method_entropy=...), else the first. Edit it here or pass --name value; config.json records it.
 
 
 @dataclass
@@ -45,7 +45,9 @@ class Config:
     method: str = "d3s"             # grpo | pods | d1s | d1s-cross | d2s | d3s | d3s-i | entropy
                                     # | the random controls d3s-random | d1s-cross-random
     loss: str = "grpo"              # grpo (a ratio per token) | gspo (a ratio per sequence)
-    divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept | valid | seq
+    divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept [ours] |
+                                                                             # valid (80/20, DAPO)
+                                                                             # | seq (GRPO, GSPO)
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
     s_init: float = 0.25            # rho_s at the first step: the share of rollouts kept [ours]
     s_final: float = 0.75           # rho_s at the last step [ours]

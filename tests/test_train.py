@@ -566,6 +566,30 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
     assert row["clip_frac"] == 0.2  # a weighted mean of the shares would give (0.1 * 100 + 0.3 * 10) / 110
 
 
+def test_help_names_each_divisors_paper_and_the_config_block_says_which_pick_wins(capsys):
+    """--help's divisor line names whose each choice is (d3s.divisors: [ours]; 80/20, DAPO; GRPO's
+    and GSPO's papers), and the config block's comment, where a learner meets pick(default=...,
+    method_entropy=..., gspo=...), gives the order config.picked follows: the one it names first
+    wins."""
+    with pytest.raises(SystemExit):
+        config.parse_args(train.Config, ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--divisor STR kept [ours] | valid (80/20, DAPO) | seq (GRPO, GSPO) (default" in text
+    source = open(ROOT / "train.py").read()
+    block = source[source.index("# config:"):source.index("@dataclass")]
+    order = ["tiny_long=", "tiny= or real=", "gspo=", "method_entropy=", "else the first"]
+    assert all(key in block for key in order) and "the first that\n# applies wins" in block
+    assert [block.index(key) for key in order] == sorted(block.index(key) for key in order)
+    # and so it is: by hand, each key against the next one in that order
+    knob = config.pick(default="d", tiny="t", tiny_long="l", real="r", gspo="g", method_entropy="m")
+    assert config.picked(knob, "tiny-long", "gspo", "entropy") == "l"  # a world's own first
+    assert config.picked(knob, "tiny-fork", "gspo", "entropy") == "t"  # then tiny
+    no_kind = config.pick(default="d", gspo="g", method_entropy="m")
+    assert config.picked(no_kind, None, "gspo", "entropy") == "g"  # the loss over the method
+    assert config.picked(no_kind, None, "grpo", "entropy") == "m"
+    assert config.picked(no_kind, None, "grpo", "d3s") == "d"  # else the first
+
+
 def test_a_tiny_fork_run_names_its_world_in_its_lines(tmp_path, fork_dir):
     """--model tiny-fork evaluates on the tiny-fork world's questions (the dataset knob picks tiny
     for every tiny world: the same questions); its data line, evaluation lines and last line name
