@@ -602,3 +602,33 @@ def test_a_tiny_fork_run_names_its_world_in_its_lines(tmp_path, fork_dir):
     _, lines, _ = run(tmp_path, "tiny", fork_dir, steps=1, eval_size=2, eval_every=0,
                       dataset="tiny-long")  # another world's questions: that world's name
     assert "(2 held-out tiny-long prompts, greedy)" in lines[4], lines
+
+
+def test_gspo_at_k_1_differs_from_grpo_only_by_its_divisor_as_the_spec_says():
+    """docs/algorithm.md: at K = 1 every ratio is 1, so GRPO's and GSPO's ratios give the same
+    gradient, and --loss gspo still trains otherwise because it also picks the seq divisor; with
+    --divisor kept it is --loss grpo. Checked on hand-made tensors through d3s.policy_loss."""
+    spec = (ROOT / "docs" / "algorithm.md").read_text()
+    section = spec.split("## Several updates per step (K)")[1].strip()
+    k_1 = " ".join(section.split("\n\n")[0].split())  # its first paragraph, unwrapped
+    assert "`--loss gspo` alone still trains otherwise at K = 1: it also changes the divisor to " \
+           "`seq`" in k_1 and "`--loss gspo --divisor kept` is `--loss grpo` at K = 1" in k_1
+    assert (resolved("--loss", "gspo").divisor, resolved("--loss", "gspo", "--divisor",
+                                                         "kept").divisor) == ("seq", "kept")
+    logp0 = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -2.5, -0.7]])
+    keep = torch.tensor([[True, True, True, True], [True, True, False, False]])  # 4 and 2 kept
+    adv = torch.tensor([1.0, -0.5])
+
+    def gradient(loss, divisor, eps):
+        logp = logp0.clone().requires_grad_()
+        div = d3s.divisors(keep, keep, divisor)
+        value, _ = d3s.policy_loss(logp, logp.detach(), adv, keep, div, loss=loss,
+                                   eps_low=eps[0], eps_high=eps[1])
+        value.backward()
+        return logp.grad
+    grpo = gradient("grpo", "kept", (0.2, 0.2))
+    assert torch.allclose(grpo, -adv[:, None] * keep / 6)  # by hand: -A / (6 kept tokens)
+    assert torch.equal(gradient("gspo", "kept", (3e-4, 4e-4)), grpo)
+    # seq: each rollout's mean, then the mean over the 2 rollouts: -A / (n_i * 2)
+    seq = gradient("gspo", "seq", (3e-4, 4e-4))
+    assert torch.allclose(seq, -adv[:, None] * keep / torch.tensor([[8.0], [4.0]]))
