@@ -148,9 +148,8 @@ def select_tokens(scores, mask, keep, generator=None, count=None):
 
 
 def d3s_token_count(rewards, advantages, lengths, group_size, rho_s, rho_t):
-    """[ours] The tokens D3S trains at this step: round(rho_t * the valid tokens of its rollouts).
-    The random controls draw this many, D3S's count, not rho_t of their own rollouts' tokens (a
-    twin's rollouts may be longer or shorter). lengths (B,): each rollout's valid tokens."""
+    """[ours] D3S's count of tokens at this step, round(rho_t * valid tokens of its rollouts): what
+    the random controls draw, not rho_t of their own rollouts'. lengths (B,): valid tokens each."""
     idx, _ = select_samples(rewards, advantages, group_size, rho_s, "cross")
     return num_keep(rho_t, max(1, int(lengths[idx.to(lengths.device)].sum())))
 

@@ -31,9 +31,9 @@ from reward import score
 from rollout import completion_hidden, generate_groups, head_logprobs, micro_batches
 
 # -----------------------------------------------------------------------------
-# config: every knob with its value; pick(tiny=..., real=...) holds the tiny worlds' and a real
-# model's, gspo=... by --loss, method_entropy=... by --method (machinery/config.py: which wins).
-# Edit it here or pass --name value; config.json records the run.
+# config: every knob with its value; edit it here or pass --name value (config.json records it).
+# pick(...) holds a value per kind of run, the first that applies wins: gpu= on a GPU, lora_* with
+# --lora_rank, a world's (tiny_long=), tiny=/real=, the loss's, the method's, else the first one.
 
 
 @dataclass
@@ -47,7 +47,9 @@ class Config:
                                     # | d3s-i | entropy | the controls d3s-entropy | d3s-random
                                     # | d3s-random-nonzero | d1s-cross-random
     loss: str = "grpo"              # grpo (a ratio per token) | gspo (a ratio per sequence)
-    divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept | valid | seq
+    divisor: str = pick(default="kept", method_entropy="valid", gspo="seq")  # kept [ours] |
+                                                                             # valid (80/20, DAPO)
+                                                                             # | seq (GRPO, GSPO)
     # the schedule of the keep ratios: rho(p) = (1 - p) * init + p * final, p = step / (steps - 1)
     s_init: float = 0.25            # rho_s at the first step: the share of rollouts kept [ours]
     s_final: float = 0.75           # rho_s at the last step [ours]
@@ -293,8 +295,7 @@ def optimizer_step(model, optimizer, grad_clip, loss, scaler):
     gradient (float16: an inf one of a finite loss is the scaler's skip), or [ours] a gradient of
     exactly 0 (all its tokens clipped), on which AdamW's moments would still move the weights."""
     scaler.unscale_(optimizer)  # float16: the true gradient, before the clip (else a no-op)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                          grad_clip if grad_clip > 0 else math.inf).item()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf).item()
     nonfinite, zero = not (math.isfinite(loss) and math.isfinite(norm)), norm == 0.0
     skip = nonfinite and math.isfinite(loss) and scaler.is_enabled()  # float16: scale too high
     if nonfinite and not skip:  # the step line counts these too
@@ -310,10 +311,9 @@ def optimizer_step(model, optimizer, grad_clip, loss, scaler):
 def held_out(model, tokenizer, eval_set, cfg, ctx, run):
     """Greedy accuracy on the held-out prompts (eval.evaluate, as eval.py's), in run.fit."""
     with ctx():
-        out = run.fit("evaluation", lambda: evaluate(
+        return run.fit("evaluation", lambda: evaluate(
             model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.gen_batch_size or 256, stop=run.stop, halve=False))
-    return out["accuracy"]
+            batch_size=cfg.gen_batch_size or 256, stop=run.stop, halve=False))["accuracy"]
 
 
 if __name__ == "__main__":

@@ -189,10 +189,10 @@ BOOTSTRAP = 1000    # resamples of the seeds for the interval of "steps to GRPO"
 
 def schedule_knobs(method):
     """The keep-ratio knobs a method reads (d3s.METHODS): rho_s if it selects samples, rho_t if it
-    selects tokens, their *_final only on the linear schedule. entropy (80/20) keeps a fixed
-    t_keep."""
+    selects tokens, their *_final on any schedule but the constant one (d3s.SCHEDULES). entropy
+    (80/20) keeps a fixed t_keep."""
     spec = d3s.METHODS[method]
-    final = spec["schedule"] == "linear"
+    final = spec["schedule"] != "constant"
     knobs = []
     if spec["sample"] not in ("none", "nonzero"):
         knobs += ["s_init", "s_final"] if final else ["s_init"]

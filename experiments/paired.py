@@ -1,6 +1,7 @@
 """
 Paired per-seed differences between two bench.py studies, method by method: B minus A, for the runs
-with the same method and seed (same seed = same prompts), with bench.py's 95% t intervals. Used by
+with the same method and seed (same seed = same prompts), with bench.py's 95% t intervals (one
+seed: the difference alone, and a line that says it has no interval). Used by
 experiments/study.md to compare K = 4 with K = 1, a fixed mini-batch size with a fixed K, and GSPO
 with GRPO's loss.
 
@@ -65,13 +66,15 @@ def main(a, b):
     print("| method | seeds | A: updates, lr | B: updates, lr | Δ final | Δ AUC | B better in "
           "| A clip, ratio min-max | B clip, ratio min-max |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    alone = []  # the rows of one seed
     for m in dict.fromkeys(k[0] for k in rb):
         pairs = [(ra[k], rb[k]) for k in sorted(rb) if k[0] == m and k in ra]
         if not pairs:
             continue
         d_final = [y["history"][-1]["accuracy"] - x["history"][-1]["accuracy"] for x, y in pairs]
         d_auc = [bench.auc(y["history"]) - bench.auc(x["history"]) for x, y in pairs]
-        fmt = lambda d: "{:+.1f} ± {:.1f}".format(*bench.pct(bench.mean_ci(d)))  # noqa: E731
+        # "+5.0 ± 63.5", or "+5.0" alone for one seed
+        fmt = lambda d: bench.pm(bench.pct(bench.mean_ci(d)), "+")  # noqa: E731
         means = [[statistics.mean(col) for col in zip(*(log_means(p[side]) for p in pairs))]
                  for side in (0, 1)]  # A's runs, B's: clip, ratio min, ratio max, updates
 
@@ -83,6 +86,11 @@ def main(a, b):
         print(f"| {m} | {len(pairs)} | {setting(0)} | {setting(1)} | {fmt(d_final)} "
               f"| {fmt(d_auc)} | {sum(d > 0 for d in d_auc)}/{len(pairs)} | {clip(*means[0][:3])} "
               f"| {clip(*means[1][:3])} |")
+        if len(pairs) == 1:  # said under the table
+            alone.append(m)
+    for m in alone:
+        print(f"{m}: one seed, so its differences have no interval (a 95% interval needs two or "
+              f"more seeds)")
 
 
 USAGE = ("usage: python experiments/paired.py STUDY_A[:METHOD] STUDY_B[:METHOD]  (two bench.py "

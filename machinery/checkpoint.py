@@ -5,6 +5,7 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
     checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
     held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
+    checkpoint.resumable(run_dir)                      # does --resume RUN work now?
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it; a LoRA
 run's holds PEFT's adapters, adapter_config.json naming their base, which model.load_model loads)
@@ -18,14 +19,18 @@ The save is written to checkpoint.tmp, flushed to disk, only then marked complet
 swapped in through checkpoint.old: one complete checkpoint exists at every instant, also across a
 power cut. A hard crash after a periodic save may leave log.jsonl ahead of the checkpoint: trim_log
 cuts it back on resume. machinery/run.py decides when each of these runs (docs/checkpoints.md).
+Every refusal names the command that works in the state the folder is in: --resume RUN once it
+holds a finished checkpoint, else the fresh start that replaces it (`command`).
 """
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 
 import torch
 
+import d3s
 from machinery.model import is_lora
 
 try:
@@ -40,6 +45,9 @@ VERSION = 2  # of trainer.pt: 2 has no random state (version 1, before per-step 
 RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb",
                "micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkpointing",
                "generation")
+# What config.json records beside the knobs, so that an edit outside the config block shows:
+# d3s.METHODS[method] as the run ran it, and the value each pick() line gave this run.
+RECORDED = ("method_spec", "picked")
 
 
 def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None):
@@ -98,9 +106,43 @@ def check_fresh(run_dir, overwrite=False):
                               "checkpoint.old")
             if os.path.exists(os.path.join(run_dir, name))]
     if held and not overwrite:
-        raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): continue it with "
-                         f"python train.py --resume {run_dir}, or replace it with "
-                         f"--overwrite true, or pass another --out_dir")
+        go_on = (f"continue it with python train.py --resume {run_dir}, or " if
+                 resumable(run_dir) else "it has no finished checkpoint to continue; ")
+        raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): {go_on}replace it "
+                         f"with --overwrite true, or pass another --out_dir")
+
+
+def resumable(run_dir):
+    """Does `--resume run_dir` find a run to continue: its config.json and a finished checkpoint
+    (trainer.pt, its marker), also one that finish_swap completes from checkpoint.tmp or .old?"""
+    return os.path.isfile(os.path.join(run_dir, "config.json")) and any(
+        os.path.isfile(os.path.join(run_dir, name, "trainer.pt"))
+        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+
+
+def command(knobs):
+    """`python train.py --knob value ...` for {knob: value}, each value as the command line reads
+    it back (a bool as true / false, a path quoted where the shell would split it)."""
+    def flag(value):
+        return str(value).lower() if isinstance(value, bool) else shlex.quote(str(value))
+    return " ".join(["python train.py"] + [f"--{k} {flag(v)}" for k, v in knobs.items()])
+
+
+def start_again(run_dir, config_class=None):
+    """The fresh start that replaces the run in run_dir by the same run: the knobs of its
+    config.json that differ from config_class's values (None: unknown), its folder and --overwrite
+    true."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    fields = dataclasses.fields(config_class) if config_class is not None else ()
+    own = {f.name: saved[f.name] for f in fields if f.name in saved and saved[f.name] != f.default
+           and f.name not in ("resume", "out_dir", "overwrite")}
+    return command({**own, "out_dir": run_dir, "overwrite": True}) + \
+        ("" if saved and fields else " and the flags it ran with")  # a config.json not read
 
 
 def fresh(run_dir, overwrite=False):
@@ -143,8 +185,10 @@ def finish_swap(run_dir):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load(run_dir):
-    """The saved config (a dict) and trainer state of a run folder, or a one-line ValueError."""
+def load(run_dir, config_class=None):
+    """The saved config (a dict: its knobs and RECORDED) and trainer state of a run folder, or a
+    one-line ValueError; config_class (train.Config) names the fresh start that replaces a run
+    that cannot be resumed."""
     ckpt = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(run_dir):
         raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier "
@@ -152,12 +196,12 @@ def load(run_dir):
     finish_swap(run_dir)
     weights = "adapter_config.json" if os.path.isfile(os.path.join(ckpt, "adapter_config.json")) \
         else "config.json"  # LoRA's adapters, or a whole model
+    again = f"start it again with: {start_again(run_dir, config_class)}"
     for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"),
                  os.path.join(ckpt, weights)):
         if not os.path.isfile(need):
             raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing "
-                             f"(it has no finished checkpoint yet); start it again with "
-                             f"--overwrite true")
+                             f"(it has no finished checkpoint yet); {again}")
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
@@ -167,10 +211,10 @@ def load(run_dir):
     except Exception as e:
         raise ValueError(f"--resume {run_dir}: its config.json or checkpoint/trainer.pt is corrupt "
                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                         f"start a fresh run") from None
+                         f"{again}") from None
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise ValueError(f"--resume {run_dir}: its checkpoint was written by another version of "
-                         f"train.py; start a fresh run")
+                         f"train.py; {again}")
     return saved, state
 
 
@@ -178,22 +222,49 @@ def resume(cfg, given):
     """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in
     the folder given (it may have been moved), and only the RESUME_SAFE knobs may change:
     state["changed"] holds {knob: [saved, new]}, for the caller to record once the new values are
-    accepted. Every knob of the saved config counts as given."""
-    saved, state = load(cfg.resume)
+    accepted. Every knob of the saved config counts as given. A run whose method d3s.py now
+    defines otherwise (config.json's method_spec) is refused: it would not continue exactly."""
+    saved, state = load(cfg.resume, type(cfg))
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
         raise ValueError(f"--resume continues a run with its saved config; "
                          f"{', '.join('--' + n for n in refused)} cannot change now "
                          f"(only {', '.join('--' + n for n in RESUME_SAFE[1:])} can); "
                          f"start a new run to change them")
+    recorded = {k: saved.pop(k) for k in RECORDED if k in saved}
     known = {f.name for f in dataclasses.fields(cfg)}
     if set(saved) != known:
         raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this "
-                         f"train.py ({', '.join(sorted(set(saved) ^ known))}); start a fresh run")
+                         f"train.py ({', '.join(sorted(set(saved) ^ known))}); start it again "
+                         f"with: {start_again(cfg.resume, type(cfg))}")
+    edited = spec_changes(saved["method"], recorded.get("method_spec"))
+    if edited:
+        raise ValueError(f"--resume {cfg.resume}: d3s.METHODS[{saved['method']!r}] has changed "
+                         f"since the run started ({edited}), so it would not continue exactly; "
+                         f"put it back in d3s.py, or start it again with: "
+                         f"{start_again(cfg.resume, type(cfg))}")
     changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given)
                if n != "resume" and saved[n] != getattr(cfg, n)}
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
     return type(cfg)(**saved), known, {**state, "changed": changed}
+
+
+def method_spec(method):
+    """d3s.METHODS[method] as config.json records it (its modes, schedule and any other entry)."""
+    return json.loads(json.dumps(d3s.METHODS.get(method), default=str))
+
+
+def spec_changes(method, recorded):
+    """How d3s.METHODS[method] now differs from the spec a run recorded ("schedule linear ->
+    constant"), or "" (also for a config.json from before method_spec was recorded)."""
+    now = method_spec(method)
+    if recorded is None or recorded == now:
+        return ""
+    if now is None:
+        return "it is no longer there"
+    return ", ".join(f"{k} {recorded.get(k, 'absent')} -> {now.get(k, 'absent')}"
+                     for k in dict.fromkeys([*recorded, *now])
+                     if recorded.get(k, "absent") != now.get(k, "absent"))
 
 
 def record_resume(run_dir, step, changed, why=None):

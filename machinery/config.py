@@ -183,6 +183,7 @@ def check(cfg):
          f"--gen_batch_size must be at least 0 (0: all at once), got {cfg.gen_batch_size}")
     must(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
     must(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    must(cfg.grad_clip >= 0, f"--grad_clip must be at least 0 (0: off), got {cfg.grad_clip}")
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     for name in ("clip_eps_low", "clip_eps_high"):
         must(0 <= getattr(cfg, name) < 1, f"--{name} must be in [0, 1), got {getattr(cfg, name)}")

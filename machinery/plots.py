@@ -26,9 +26,11 @@ paper's wall-clock unit), the mean reward, the share of rollouts kept and of gen
 trained, the tokens trained so far and the seconds spent so far, one line per run. Each line is
 labelled by the knobs of its config.json that differ between the runs ("method=grpo" /
 "method=d3s"), leaving out the knobs that change nothing computed (config.UNNAMED: out_dir, device,
-eval_every, micro_batch_size ...) and keep ratios a method does not use. The held-out accuracy comes
-from RUN/checkpoint/trainer.pt; a run without one (stopped before its first checkpoint) is drawn
-from its log.jsonl alone and its label says so.
+eval_every, micro_batch_size ...), keep ratios a method does not use and the divisor its method and
+loss picked (config.json's picked); runs of one method that d3s.py defined otherwise are labelled
+by what changed in its spec (config.json's method_spec: "schedule=constant"). The held-out
+accuracy comes from RUN/checkpoint/trainer.pt; a run without one (stopped before its first
+checkpoint) is drawn from its log.jsonl alone and its label says so.
 
 RUN/selection.html (selection_record, write_selection, selection_html): one step seen rollout by
 rollout and token by token, the picture of what D3S keeps. For a few groups of the step just trained
@@ -36,10 +38,11 @@ rollout and token by token, the picture of what D3S keeps. For a few groups of t
 its tokens as the tokenizer decodes them one by one. Four marks, never confused: a rollout sample
 selection dropped (it never reaches the model) is faded and struck through; in a kept rollout each
 token is dark text shaded blue by its score (|A|*H for D3S, by eighths of the step's scores), and
-the tokens token selection trained are also bold and underlined in vermillion; in every rollout,
-kept or dropped, a bluish-green bar above marks each fork, a token sampled with an entropy above
-FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a bar above and one
-below. The header gives the step's forking share and how many forks were trained. A zero-variance
+the tokens token selection trained are also bold with a thick vermillion bar below; in every
+rollout, kept or dropped, a bluish-green triangle above points at each fork, a token sampled with
+an entropy above FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a
+triangle above and a bar below. Each mark is 6 px, readable at 100% zoom, and the legend shows
+each. The header gives the step's forking share and how many forks were trained. A zero-variance
 group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what they train.
 The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
 RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
@@ -175,14 +178,13 @@ OKABE_ITO = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "
 
 def _used(knob, config):
     """Does this run's method use this keep ratio? config.json records 1 (or the 80/20 share) for a
-    ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method."""
+    ratio a method ignores, so "s_init=1" beside "method=grpo" would only repeat the method. Is its
+    divisor other than the one its method and loss picked (config.json's picked; a config.json
+    from before picked: yes)?"""
     import d3s  # here: `import plots` needs no torch
     method = d3s.METHODS.get(config.get("method"))
-    if knob == "divisor":  # the divisor its method and loss pick (train.py's line) repeats them
-        import train
-        from machinery.config import picked
-        return config.get(knob) != picked(train.Config.__dataclass_fields__[knob], None,
-                                          config.get("loss", "grpo"), config.get("method") or "")
+    if knob == "divisor":  # the divisor its method and loss picked only repeats them
+        return config.get(knob) != config.get("picked", {}).get(knob)
     if knob not in RATIOS or method is None:
         return True
     if method[RATIOS[knob]] == "none" or (RATIOS[knob] == "token" and "t_keep" in method):
@@ -198,20 +200,36 @@ def _value(v):
 
 def run_labels(configs, names):
     """One label per run: "knob=value, ..." for each knob whose value differs between the runs'
-    configs (config.json dicts; None: the run has none), in config order. A run without a
-    config.json, or whose label would be empty or another run's, is named by its folder (names) as
-    well."""
-    from machinery import config  # here: `import plots` needs no torch
+    configs (config.json dicts; None: the run has none), in config order, then what differs in the
+    method_spec of runs of one method. A run without a config.json, or whose label would be empty
+    or another run's, is named by its folder (names) as well."""
+    from machinery import checkpoint, config  # here: `import plots` needs no torch
     # config.UNNAMED: the knobs a run folder's name leaves out, those that change nothing computed
     # (where the run is written, when it reports, where it runs, how it fits in memory), and the
     # method and model, which do change it: two runs that differ only in the others are the same
-    # run, so they label nothing
-    unlabelled = set(config.UNNAMED) - {"method", "model"}
+    # run, so they label nothing. checkpoint.RECORDED is not a knob: the method names its spec,
+    # and picked repeats the knobs.
+    unlabelled = set(config.UNNAMED) - {"method", "model"} | set(checkpoint.RECORDED)
     have = [c for c in configs if c is not None]
     knobs = list(dict.fromkeys(k for c in have for k in c if k not in unlabelled))
-    differ = [k for k in knobs if len({_value(c.get(k)) for c in have if _used(k, c)}) > 1]
+    # where the values a label would use differ; the divisor's wherever they differ: the one a
+    # run's method and loss picked labels nothing, a given one beside it does
+    differ = [k for k in knobs
+              if len({_value(c.get(k)) for c in have if k == "divisor" or _used(k, c)}) > 1]
+    # but where runs of one method recorded different specs (d3s.py edited between them), the
+    # entries that differ label those runs: "schedule=constant"
+    specs = {}
+    for c in have:
+        if "method_spec" in c:
+            specs.setdefault(c.get("method"), []).append(c["method_spec"])
+    edited = {m: [k for k in dict.fromkeys(k for sp in sps for k in sp)
+                  if len({_value(sp.get(k)) for sp in sps}) > 1] for m, sps in specs.items()}
+
     def knobs_of(c):  # "knob=value, ..."
-        return ", ".join(f"{k}={_value(c.get(k))}" for k in differ if _used(k, c))
+        spec = c.get("method_spec") or {}
+        return ", ".join([f"{k}={_value(c.get(k))}" for k in differ if _used(k, c)] +
+                         [f"{k}={_value(spec.get(k))}" for k in edited.get(c.get("method"), [])
+                          if spec])
     labels = [None if c is None else knobs_of(c) for c in configs]
     out = []
     for name, c, label in zip(names, configs, labels):
@@ -512,17 +530,20 @@ SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform dra
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
-# reddish purple for special tokens, bluish green for a fork (a bar above the token, in every
-# rollout: trained, a fork also has the vermillion bar below). Only a dropped rollout is grey (and
+# reddish purple for special tokens, bluish green for a fork (a triangle above the token, in every
+# rollout: trained, a fork also has the vermillion bar below): two shapes, two colours, two places,
+# each MARK px (the lines are spaced for them). Only a dropped rollout is grey (and
 # struck through): a kept rollout's tokens that were not trained are dark text, so the two never
 # look alike.
 BLUE, VERMILLION, PURPLE, GREEN = (0, 114, 178), "#d55e00", "#cc79a7", "#009e73"
+MARK = 6  # px: the trained bar's height and the fork triangle's, readable at 100% zoom
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;background:#fff;
  margin:14px 20px;max-width:1160px}
 h1{font-size:19px;margin:0 0 8px}
 h2{font-size:15px;margin:0 0 4px}
 nav,.rule,.legend{margin:4px 0;font-size:13px}
+.legend{line-height:32px}
 .cards{display:flex;flex-wrap:wrap;gap:8px;margin:8px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:3px 9px}
 .card b{display:block;font-size:18px}
@@ -541,26 +562,29 @@ td{padding:2px 6px;vertical-align:top;border-bottom:1px solid #eee;white-space:n
  font-size:13px}
 th{text-align:left;font-size:12px;color:#666;font-weight:normal;padding:0 6px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:1.4}
+td.toks{white-space:normal;overflow-wrap:anywhere;width:100%;line-height:32px}
 tr.dropped td{color:#a0a0a0}
 tr.kept td:nth-child(3){font-weight:bold}
-u{text-decoration:none;margin-right:1px;padding:1px 0}
+u{text-decoration:none;margin-right:1px;padding:1px 0;position:relative}
 tr.dropped u,.gone{color:#a0a0a0;background:#f2f2f2;text-decoration:line-through}
 u[class^=d]{color:#222}
-u[class^=k]{color:#000;font-weight:bold;box-shadow:inset 0 -3px VERMILLION}
-.all u[class^=k]{font-weight:normal;box-shadow:inset 0 -1px VERMILLION}
+u[class^=k]{color:#000;font-weight:bold;box-shadow:0 MARKpx VERMILLION}
+.all u[class^=k]{font-weight:normal;box-shadow:0 2px VERMILLION}
 i{font-style:normal;color:#aaa}
 .sp{color:PURPLE;border:1px solid PURPLE;border-radius:3px;font-size:11px;padding:0 2px}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
-""".replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE)
+""".replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE).replace("MARK", str(MARK))
 # the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7
 # the highest; a fork's class is the same with an f (k5f)
 CSS += "".join(f".k{b},.d{b},.k{b}f,.d{b}f{{background:rgba({BLUE[0]},{BLUE[1]},{BLUE[2]},"
                f"{0.05 + 0.4 * b / (BINS - 1):.2f})}}\n" for b in range(BINS))
 # every fork's class, named one by one (no substring match): f in a dropped rollout, kf / df
-# unscored, k0f .. d7f scored
-CSS += (",".join(f".{c}f" for c in ["", "k", "d", *(f"{m}{b}" for m in "kd" for b in range(BINS))])
-        + f"{{border-top:2px solid {GREEN}}}\n")
+# unscored, k0f .. d7f scored; its mark a triangle MARK px high, pointing down at the token
+CSS += (",".join(f".{c}f::before" for c in ["", "k", "d", *(f"{m}{b}" for m in "kd" for b in
+                                                          range(BINS))])
+        + f'{{content:"";position:absolute;left:50%;bottom:100%;margin-left:-{MARK // 2 + 1}px;'
+          f"border:solid transparent;border-width:{MARK}px {MARK // 2 + 1}px 0;"
+          f"border-top-color:{GREEN}}}\n")
 
 WHITESPACE = {" ": "·", "\t": "→", "\n": "↵"}  # shown faint; a newline is also a real line break
 

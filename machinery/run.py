@@ -17,7 +17,9 @@ wandb) has said yes, in begin(); a refused start leaves the folder as it found i
 (docs/checkpoints.md has the table):
   - Ctrl-C or SIGTERM sets a flag (machinery/stops.py) that the run reads at points it owns: a step
     whose weights have not moved is abandoned, one whose weights moved is finished; then a
-    checkpoint of the steps applied, the command to continue, and exit 130 or 143.
+    checkpoint of the steps applied, the command to continue, and exit 130 or 143. Once the last
+    evaluation is recorded, nothing is left to stop: the run ends as it would have. Every line
+    names the command that works in the state the folder is in (status).
   - out of memory in a pass is retried in place by run.fit, with what bears on that pass lowered
     (memory.halve); it stops the run (with a checkpoint when no weight of the step had moved) only
     when nothing is left to lower, with a line that says what would help.
@@ -55,8 +57,12 @@ class Run:
         self.cfg, self.given, self.log = cfg, given, log
         self.state, self.lock, self.created, self.model, self.bar, self.wandb = \
             None, None, False, None, None, None
-        # a signal's flag; has a weight of this step moved (an optimizer's step hook says)
+        # a signal's flag, which asks the run where it is; has a weight of this step moved (an
+        # optimizer's step hook says)
         self.stop, self.moving, self.redone = Stop(), False, False
+        self.stop.status = self.status
+        # the run's own command (_open), its steps applied and evaluations, before _open sets them
+        self.again, self.completed, self.history = {}, 0, []
         # the step and the evaluations of the last checkpoint
         self.saved, self.saved_history = None, None
 
@@ -75,6 +81,9 @@ class Run:
         locked."""
         cfg = self.cfg
         given = config.given_knobs(cfg) if self.given is None else set(self.given)
+        # the command that starts this run again (status): the knobs given, as given
+        self.again = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                      if f.name in given and f.name not in ("resume", "overwrite")}
         self.stop.install()
         if cfg.resume:  # locked before anything reads it: a live run may be saving into it
             if not os.path.isdir(cfg.resume):
@@ -104,7 +113,6 @@ class Run:
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
             self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
-        self.stop.resume = f"; continue with: python train.py --resume {run_dir}"
         self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                        else cfg.device)
 
@@ -150,7 +158,7 @@ class Run:
         self.history.append({"step": step, "tokens": self.tokens_trained, "accuracy": accuracy})
         self.redone = step == self.start > 0  # a resumed run redid a missing evaluation: save it
         self.say(f"eval step {step} | held-out accuracy {accuracy:.3f} ({self.eval_size} held-out "
-                 f"{self.cfg.dataset} prompts, greedy)")
+                 f"{data_name(self.cfg, self.world)} prompts, greedy)")
         if step > 0:  # before the first step there is nothing to draw
             plots.plot_run(self.cfg.out_dir, self.history)
         if self.wandb:
@@ -258,7 +266,7 @@ class Run:
 
     def _write_config(self):
         with open(os.path.join(self.cfg.out_dir, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(self.cfg), f, indent=2)
+            json.dump(config_json(self.cfg, self.world), f, indent=2)
 
     def end_step(self, row, selection):
         """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an
@@ -292,7 +300,7 @@ class Run:
         cfg, h = self.cfg, self.history
         idle = sum(r["no_signal"] for r in plots.read_log(cfg.out_dir) if r["step"] >= self.start)
         self.log(f"done: held-out accuracy {h[0]['accuracy']:.3f} -> {h[-1]['accuracy']:.3f} "
-                 f"({cfg.dataset}, {self.eval_size} prompts, greedy); {idle} of "
+                 f"({data_name(cfg, self.world)}, {self.eval_size} prompts, greedy); {idle} of "
                  f"{cfg.steps - self.start} steps had nothing to learn (no update); "
                  f"run folder {cfg.out_dir}")
         return h
@@ -322,7 +330,8 @@ class Run:
         leave with the signal's code (config.main exits with 128 + it)."""
         code = self.stop.first
         if self.model is None:
-            self.log(f"\ninterrupted before step {self.start}: nothing new to save")
+            self.log(f"\ninterrupted before step {self.start}: nothing new to save; "
+                     f"{self.status()[2]}")
             raise KeyboardInterrupt(code) from None
         self.optimizer.zero_grad(set_to_none=True)  # an abandoned step's gradients
         if (self.saved, self.saved_history) != (self.completed, len(self.history)):
@@ -334,6 +343,26 @@ class Run:
         self.log(f"\ninterrupted: {done}; continue with: "
                  f"python train.py --resume {self.cfg.out_dir}")
         raise KeyboardInterrupt(code) from None
+
+    def status(self):
+        """Where the run is, for a signal (machinery/stops.py): ("running", or "finishing" once its
+        last evaluation is recorded, or "complete" once that is saved too; what the folder holds;
+        the command that goes on from it as it is now): --resume once it holds a finished
+        checkpoint of this run; before that, this run's own command, with --overwrite true once
+        the run has written into the folder."""
+        cfg = self.cfg
+        if self.saved == cfg.steps and self.saved_history == len(self.history):
+            return "complete", f"the run is complete in {cfg.out_dir}", ""
+        last = self.completed == cfg.steps and cfg.steps in [h["step"] for h in self.history]
+        state = "finishing" if last else "running"
+        if cfg.resume or self.saved is not None:
+            return state, "the last checkpoint stands", \
+                f"continue with: python train.py --resume {cfg.resume or cfg.out_dir}"
+        if self.model is None:  # nothing written yet: the folder is as this run found it
+            return state, "nothing was saved", \
+                f"start it again with: {checkpoint.command(self.again)}"
+        return state, "no checkpoint was saved yet", \
+            f"start it again with: {checkpoint.command({**self.again, 'overwrite': True})}"
 
     def _out_of_memory(self):
         """The out-of-memory line, after saving what can be saved: the steps applied, when no weight
@@ -363,6 +392,24 @@ def due(step, every, steps, first=True):
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
 
 
+def config_json(cfg, world):
+    """What RUN/config.json holds: every knob as the run uses it, then (checkpoint.RECORDED) what
+    d3s.METHODS says its method is and the value each pick() line gives this run, so that an edit
+    of either shows (and a resume refuses one of d3s.py)."""
+    picked = {f.name: config.picked(f, world, cfg.loss, cfg.method, cfg.lora_rank > 0,
+                                    config.on_gpu(cfg))
+              for f in dataclasses.fields(cfg) if "pick" in f.metadata}
+    return {**dataclasses.asdict(cfg), "method_spec": checkpoint.method_spec(cfg.method),
+            "picked": picked}
+
+
+def data_name(cfg, world):
+    """The data set as the run's lines name it: a tiny world's run on its own questions names its
+    world (--dataset picks tiny for every tiny world, and tiny-fork's questions are tiny's)."""
+    same = tiny.WORLDS.get(cfg.dataset, {}).get("terms") == tiny.WORLDS.get(world, {}).get("terms")
+    return world if world and same else cfg.dataset
+
+
 def first_lines(cfg, world, device, state, n_train, n_eval):
     """What the run is: where, on what, and the values a learner edits most, so that an edit of the
     config block shows in the run's first lines."""
@@ -376,7 +423,7 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
                      zip(("rho_s", "rho_t"), *ends)) + (" (fixed)" if ends[0] == ends[1] else "")
     return [f"run {cfg.out_dir} | {cfg.model} on {device}, {where}{resumed}",
             f"data {n_train} train / {n_eval} held-out: "
-            f"{describe(cfg.dataset, 'test', cfg.data_dir or None)}",
+            f"{describe(data_name(cfg, world), 'test', cfg.data_dir or None)}",
             f"method {cfg.method} ({m['sample']} samples, {m['token']} tokens, "
             f"{m['schedule']} schedule) + {cfg.loss} loss, divisor {cfg.divisor} | keep {keep}",
             f"steps {cfg.steps} of {cfg.prompts_per_step} prompts x {cfg.group_size} = "
@@ -417,7 +464,7 @@ def out_of_memory(cfg, step, saved, kind=None):
              "true (experiments/speed.md has settings by GPU memory); or a new run with "
              + new_run).lstrip()
     if saved is None:
-        return (f"out of memory at step {step}, before any checkpoint; "
-                f"start again with less memory per pass: {lower}")
+        return (f"out of memory at step {step}, before any checkpoint; start it again with "
+                f"--overwrite true (it replaces this run) and less memory per pass: {lower}")
     return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; "
             f"continue with less memory per pass: python train.py --resume {cfg.out_dir} {lower}")

@@ -8,8 +8,11 @@ step's updates; every such place then needs its own guard. So the first signal o
 and says so in one line. machinery/run.py reads it between decode steps (a Stop is also a
 transformers StoppingCriteria, which `generate` asks after every token), after a step's generation,
 before a step's first update and at a step's end, then saves the steps applied and exits with 130
-(SIGINT) or 143 (SIGTERM). A second signal quits at once with the first signal's code, leaving the
-last checkpoint as it was: its writes are atomic (machinery/checkpoint.py).
+(SIGINT) or 143 (SIGTERM). Once the run's last evaluation is recorded there is nothing left to stop:
+the signal says so and the run ends as it would have. A second signal quits at once with the first
+signal's code (0 once the run is complete), leaving the last checkpoint as it was: its writes are
+atomic (machinery/checkpoint.py). What each line offers is the command that works in the state the
+folder is in at that moment (the run's `status`).
 """
 import os
 import signal
@@ -23,11 +26,13 @@ from transformers import StoppingCriteria
 class Stop(StoppingCriteria):
     """The flag: `first` is the first signal's number, or None while no signal came. As a stopping
     criterion, every row of a `generate` call ends at its next token once a signal came (the run
-    then throws those rows away). `resume` is the command a quit prints."""
+    then throws those rows away). `status()`, set by the run, says where it is when a signal comes:
+    ("running" | "finishing" | "complete", what a quit leaves, the command that goes on)."""
 
     def __init__(self):
         super().__init__()
-        self.first, self.resume, self.old = None, "", {}
+        self.first, self.old = None, {}
+        self.status = lambda: ("running", "the last checkpoint stands", "")
 
     def __call__(self, input_ids, scores, **kwargs):
         return torch.full((input_ids.shape[0],), self.first is not None, dtype=torch.bool,
@@ -44,15 +49,31 @@ class Stop(StoppingCriteria):
         self.old = {}
 
     def handler(self, signum, frame):
-        # os.write, not print: a handler may run inside a print, and a buffered stream refuses a
-        # reentrant call with an exception, which is what this design avoids
+        try:  # a handler raises nothing into the code it interrupted
+            state, *then = self.status()
+        except Exception:
+            state, then = "running", ["the last checkpoint stands"]
         if self.first is None:
             self.first = signum
-            os.write(2, b"\nstopping at the next safe point; signal again to quit now\n")
+            say({"running": "stopping at the next safe point; signal again to quit now",
+                 "finishing": "the run's steps and evaluations are done: it ends once its last "
+                              "checkpoint is saved",
+                 "complete": "the run is complete: it ends now"}[state])
             return
-        os.write(2, f"\nquit at once; the last checkpoint stands{self.resume}\n".encode())
+        say("; ".join(["quit at once", *filter(None, then)]))
         try:
             sys.stdout.flush()  # the lines printed so far
-        except Exception:  # a flush this handler interrupted: those lines are lost, not the exit
+        except Exception:  # a flush this handler interrupted, a closed pipe: those lines are lost
             pass
-        os._exit(128 + self.first)  # no cleanup runs: a save cut short is dropped on resume
+        # no cleanup runs: a save cut short is dropped on resume
+        os._exit(0 if state == "complete" else 128 + self.first)
+
+
+def say(line):
+    """One line on stderr. os.write, not print: a handler may run inside a print, and a buffered
+    stream refuses a reentrant call with an exception, which is what this design avoids. A stderr
+    nobody reads any more (a pipe whose reader has gone: EPIPE) loses the line, not the run."""
+    try:
+        os.write(2, f"\n{line}\n".encode())
+    except OSError:
+        pass

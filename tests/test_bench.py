@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from experiments import bench
-from machinery import config
+from machinery import checkpoint, config
 import train
 
 DIVISOR = getattr(train.Config, "divisor", None)  # a knob of train.py's to come
@@ -538,6 +538,16 @@ def test_schedule_knobs_reach_only_the_methods_that_read_them(tmp_path, twins):
     assert {m: bench.schedule_knobs(m) for m in bench.d3s.METHODS} == knobs
 
 
+def test_any_schedule_but_the_constant_one_reads_the_final_ratios(monkeypatch):
+    """Whether a method has a schedule comes from d3s (not a test for "linear"): a schedule added
+    to d3s.py, say "cosine", reads *_final like the linear one; "constant" reads *_init only."""
+    spec = dict(sample="cross", token="adv_entropy")
+    monkeypatch.setitem(bench.d3s.METHODS, "d3s-cosine", dict(spec, schedule="cosine"))
+    monkeypatch.setitem(bench.d3s.METHODS, "d3s-flat", dict(spec, schedule="constant"))
+    assert bench.schedule_knobs("d3s-cosine") == ["s_init", "s_final", "t_init", "t_final"]
+    assert bench.schedule_knobs("d3s-flat") == ["s_init", "t_init"]
+
+
 def test_all_methods_get_the_ratios_they_read(tmp_path):
     _, cfgs = bench.configs(bench.parse_args(["--methods", "all", "--seeds", "1", "--out",
                                               str(tmp_path), "--s_init", "0.5", "--s_final", "0.9",
@@ -626,8 +636,9 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         ran = json.loads((run / "config.json").read_text())
         knobs = (ran["method"], ran["lr"], ran["max_new_tokens"], ran["micro_batch_size"])
         assert knobs == (m, lr, 30, 3)
-        # what a repeat compares with
-        assert json.loads((run / "result.json").read_text())["config"] == ran
+        # what a repeat compares with: config.json's knobs
+        assert json.loads((run / "result.json").read_text())["config"] == {
+            k: v for k, v in ran.items() if k not in checkpoint.RECORDED}
         # train.py's own printed evaluations, independent of the returned history
         accs[m] = [float(a) for a in re.findall(r"held-out accuracy (\d\.\d+) \(",
                                                 (run / "train.log").read_text())]
@@ -654,6 +665,8 @@ def test_real_runs_table_matches_the_runs_logs(benched):
         # its train.py command line is this very run
         cfg, given = config.parse_args(train.Config, run["command"].split()[2:])
         saved = json.loads((out_dir / "runs" / f"{m}-seed0" / "config.json").read_text())
+        assert saved.pop("method_spec") == bench.d3s.METHODS[m]  # beside the knobs: the method
+        assert saved.pop("picked")["lr"] == 5e-5  # and the config block's values for the run
         assert bench.as_json(config.resolve(cfg, given)) == saved
     # by hand: grpo trains all 2*4 rollouts a step; d3s keeps round(rho_s * 8) with rho_s 0.5 ->
     # 0.75, and round(0.7 * valid) tokens at the last step (t_final 0.7)
@@ -768,6 +781,28 @@ def test_paired_compares_a_method_with_its_random_twin_in_one_study(tmp_path, ca
         paired.main(f"{tmp_path}:d3s-random", str(tmp_path))
     with pytest.raises(SystemExit, match="no results.json"):
         paired.main(str(tmp_path / "runs"), str(tmp_path))
+
+
+def test_paired_with_one_seed_prints_the_difference_and_says_it_has_no_interval(tmp_path, capsys):
+    from experiments import paired
+    runs = []
+    for method, final in (("d3s", 0.6), ("d3s-random", 0.45)):
+        out_dir = tmp_path / "runs" / f"{method}-seed0"
+        out_dir.mkdir(parents=True)
+        rows = fake_steps(2, kept=8, tokens=100, t_gen=1.0, t_upd=0.5, updates=lambda i: 4)
+        (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"method": method, "seed": 0, "lr": 5e-5, "updates_per_batch": 4,
+                     "out_dir": str(out_dir), "error": None,
+                     "history": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": final}]})
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+    paired.main(f"{tmp_path}:d3s-random", f"{tmp_path}:d3s")
+    out = capsys.readouterr().out.splitlines()
+    line = next(s for s in out if s.startswith("| d3s - "))
+    row = [c.strip() for c in line.strip("|").split("|")]
+    # final .6 - .45 = +15.0 points; AUC (.2 + .6) / 2 - (.2 + .45) / 2 = +7.5; no "±"
+    assert row[:7] == ["d3s - d3s-random", "1", "K 4, 5e-05", "K 4, 5e-05", "+15.0", "+7.5", "1/1"]
+    assert out[-1] == ("d3s - d3s-random: one seed, so its differences have no interval (a 95% "
+                       "interval needs two or more seeds)")
 
 
 def test_paired_and_study_sh_print_their_usage():

@@ -6,6 +6,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -131,9 +132,9 @@ def quit_now(monkeypatch):
     return lambda mp: mp.setattr(os, "_exit", exit_now)
 
 
-def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, quit_now):
+def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, quit_now, capfd):
     """A second SIGTERM while the first waits for the step's updates quits at once, without saving,
-    with SIGTERM's 143."""
+    with SIGTERM's 143, and offers the fresh start that replaces the run, not --resume."""
     real = train.optimizer_step
 
     def twice(*a, **k):
@@ -147,6 +148,11 @@ def test_two_sigterms_exit_with_sigterms_code(tmp_path, tiny_dir, monkeypatch, q
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
     assert e.value.code == 143 and not (tmp_path / "run" / "checkpoint").exists()
+    said = capfd.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("quit at once; no checkpoint was saved yet; start it again with: "), said
+    offered = shlex.split(said.split("start it again with: ")[1])
+    assert config.parse_args(train.Config, offered[2:]) == \
+        config.parse_args(train.Config, argv + ["--overwrite", "true"])
 
 
 def small_memory(monkeypatch, rows_that_fit):
@@ -221,7 +227,7 @@ def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_pat
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 1 and err.startswith("error: out of memory at step 0, before any checkpoint; start again")
+    assert e.value.code == 1 and err.startswith("error: out of memory at step 0, before any checkpoint; start it again with --overwrite true")
     assert not (tmp_path / "run" / "checkpoint").exists()  # half a batch is never saved
 
 
@@ -692,3 +698,192 @@ def test_a_lora_or_float16_run_resumes_bit_for_bit(tmp_path, tiny_dir, monkeypat
     scales = [torch.load(d / "checkpoint" / "trainer.pt", weights_only=False)["optimizer"].get("scaler")
               for d in (full, run_dir)]
     assert scales[0] == scales[1] and (scales[0] is not None) == (extra.get("dtype") == "float16")
+
+
+# ----------------------------------------------------------------------------- what a stop says
+
+# `python train.py ARGV` with a hook set first, so that a signal comes at one exact moment: the
+# hook's code runs in the process before train.py, with `checkpoint` and `run` imported, and
+# train.py then runs as `python train.py` runs it.
+HOOKED = """
+import os, runpy, signal, sys
+sys.path.insert(0, os.getcwd())
+from machinery import checkpoint, run
+{hook}
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train_process(argv, hook="", **popen):
+    """A real train.py process (with a hook: HOOKED), its output as text."""
+    command = [sys.executable] + (["-c", HOOKED.format(hook=hook)] if hook else ["train.py"])
+    return subprocess.Popen(command + argv, cwd=ROOT, text=True, env=ENV,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen})
+
+
+def small_run(run_dir, tiny_dir, steps):
+    return ["--model", tiny_dir, "--out_dir", str(run_dir), "--steps", str(steps),
+            "--eval_every", "0", "--eval_size", "2", "--prompts_per_step", "2", "--group_size", "4",
+            "--save_every", "1000"]
+
+
+def test_a_signal_with_stderr_closed_still_saves_and_exits_130(tmp_path, tiny_dir):
+    """stderr a pipe whose reader has gone (a log collector that died): the first signal's line
+    cannot be written (EPIPE), and that loses the line, not the run: the steps done are saved and
+    the exit is SIGINT's 130."""
+    read, write = os.pipe()
+    proc = train_process(small_run(tmp_path / "run", tiny_dir, 50), stderr=write)
+    os.close(write)
+    os.close(read)  # nobody reads stderr any more
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step    2 "):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, lines + [rest]
+    step = torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    assert step >= 3 and len(rows(tmp_path / "run")) == step  # every step logged is saved
+    assert f"checkpoint saved after step {step - 1}" in rest
+
+
+def test_every_command_a_stop_offers_works_in_the_state_the_folder_is_in(tmp_path, tiny_dir):
+    """Two SIGTERMs before the first checkpoint, the second during the interrupt's own save: the
+    quit leaves a folder with no finished checkpoint, so its line offers the fresh start that
+    replaces it (the run's own flags and --overwrite true), not --resume; --resume and a plain start
+    into that folder say so too, and the command offered runs the run to its end."""
+    run_dir = tmp_path / "run"
+    argv = small_run(run_dir, tiny_dir, 2)
+    hook = """
+real = checkpoint.fsync
+def fsync(path):  # the interrupt's own save: a second SIGTERM
+    if not getattr(fsync, "sent", False):
+        fsync.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(path)
+checkpoint.fsync = fsync
+"""
+    proc = train_process(argv, hook)
+    for line in proc.stdout:
+        if line.startswith("step    0 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (out, err)
+    quit_line = err.strip().splitlines()[-1]
+    assert quit_line.startswith("quit at once; no checkpoint was saved yet; start it again with: "
+                                "python train.py "), err
+    assert not (run_dir / "checkpoint" / "trainer.pt").exists()
+    offered = shlex.split(quit_line.split("start it again with: ")[1])
+    assert offered[:2] == ["python", "train.py"]
+    want = config.parse_args(train.Config, argv + ["--overwrite", "true"])
+    assert config.parse_args(train.Config, offered[2:]) == want  # the same run, replacing it
+    resumed = train_process(["--resume", str(run_dir)])  # one after the other: one run.lock
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 2 and f"--resume {run_dir}: incomplete run folder" in err, err
+    by_resume = shlex.split(err.split("start it again with: ")[1])
+    assert config.parse_args(train.Config, by_resume[2:]) == want, err
+    plain = train_process(argv)  # the folder as --resume left it: checkpoint.tmp dropped
+    _, err = plain.communicate(timeout=120)
+    assert plain.returncode == 2 and err == (f"error: {run_dir} holds another run (config.json, "
+                                             f"log.jsonl): it has no finished checkpoint to "
+                                             f"continue; replace it with --overwrite true, or "
+                                             f"pass another --out_dir\n"), err
+    done = subprocess.run([sys.executable, *offered[1:]], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in rows(run_dir)] == [0, 1]
+
+
+def test_a_signal_once_the_run_is_complete_says_so_and_exits_0(tmp_path, tiny_dir):
+    """SIGINT during the final save: nothing is left to stop, so the line says the run ends once
+    that save is done (not "stopping at the next safe point"), and it does, with exit 0. Two
+    SIGINTs in finish(), the run saved: the first says it is complete, the second quits with 0."""
+    final_save = """
+real = checkpoint.save
+def save(run_dir, model, tokenizer, optimizer, step, *a, **k):
+    if step == 2:  # the final save
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(run_dir, model, tokenizer, optimizer, step, *a, **k)
+checkpoint.save = save
+"""
+    in_finish = """
+real = run.Run.finish
+def finish(self):
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(self)
+run.Run.finish = finish
+"""
+    saving = train_process(small_run(tmp_path / "save", tiny_dir, 2), final_save)
+    finishing = train_process(small_run(tmp_path / "finish", tiny_dir, 2), in_finish)
+    out, err = saving.communicate(timeout=120)
+    assert saving.returncode == 0 and "stopping at the next safe point" not in err, err
+    assert err.strip() == ("the run's steps and evaluations are done: it ends once its last "
+                           "checkpoint is saved"), err
+    assert out.splitlines()[-1].startswith("done: held-out accuracy")
+    state = torch.load(tmp_path / "save" / "checkpoint" / "trainer.pt", weights_only=False)
+    assert state["step"] == 2
+    out, err = finishing.communicate(timeout=120)
+    assert finishing.returncode == 0 and "stopping at the next safe point" not in err, err
+    assert err.split() == ("the run is complete: it ends now quit at once; the run is complete in "
+                           f"{tmp_path / 'finish'}").split(), err
+
+
+def test_a_refused_start_offers_resume_only_where_a_finished_checkpoint_is(tmp_path):
+    """check_fresh names --resume only for a folder that --resume can continue: a finished
+    checkpoint, also one a crash left in checkpoint.tmp with its marker (finish_swap completes it);
+    a folder with a config.json alone, or a checkpoint.tmp without its marker, is offered
+    --overwrite true. A corrupt or unreadable config.json still offers a start that works."""
+    (tmp_path / "config.json").write_text('{"seed": 1, "steps": 3}')
+    (tmp_path / "checkpoint.tmp").mkdir()
+    (tmp_path / "checkpoint.tmp" / "trainer.pt.part").write_bytes(b"")  # a save cut short
+    with pytest.raises(ValueError) as e:
+        checkpoint.check_fresh(str(tmp_path))
+    assert "no finished checkpoint to continue; replace it with --overwrite true" in str(e.value)
+    assert "--resume" not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        checkpoint.load(str(tmp_path), train.Config)
+    assert str(e.value).endswith(f"start it again with: python train.py --steps 3 --seed 1 "
+                                 f"--out_dir {tmp_path} --overwrite true"), e.value
+    assert not (tmp_path / "checkpoint.tmp").exists()  # load dropped the save cut short
+    (tmp_path / "checkpoint.tmp").mkdir()
+    (tmp_path / "checkpoint.tmp" / "trainer.pt").write_bytes(b"")  # a save complete but not swapped
+    assert checkpoint.resumable(str(tmp_path))
+    with pytest.raises(ValueError, match=f"continue it with python train.py --resume {tmp_path}, "):
+        checkpoint.check_fresh(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint.start_again(str(tmp_path), train.Config) == (
+        f"python train.py --out_dir {tmp_path} --overwrite true and the flags it ran with")
+    knobs = {"data_dir": "", "model": "my runs/x", "wandb": "", "overwrite": True}
+    assert checkpoint.command(knobs) == ("python train.py --data_dir '' --model 'my runs/x' "
+                                         "--wandb '' --overwrite true")
+
+
+def test_config_json_records_the_method_spec_and_a_resume_refuses_an_edit(tmp_path, tiny_dir,
+                                                                         monkeypatch, capsys):
+    """config.json records d3s.METHODS[method] (method_spec) and each pick() line's value for the
+    run (picked), beside the knobs; a resume reads them as no knob. A method edited in d3s.py since
+    the run started is refused with one line that names the change; a config.json from before
+    method_spec resumes."""
+    run_dir = tmp_path / "run"
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, steps=1, eval_every=0))
+    saved = json.load(open(run_dir / "config.json"))
+    assert saved["method_spec"] == {"sample": "cross", "token": "adv_entropy", "schedule": "linear"}
+    assert saved["picked"]["divisor"] == "kept" and saved["picked"]["lr"] == 5e-5
+    assert saved["lr"] == 1e-4  # KW's, given: the knob as it ran, its line's value beside it
+    config.main(train.Config, train.train, ["--resume", str(run_dir)])  # as it was: it resumes
+    edited = {**train.d3s.METHODS["d3s"], "schedule": "constant"}
+    monkeypatch.setitem(train.d3s.METHODS, "d3s", edited)
+    err = exit_2(["--resume", str(run_dir)], capsys)
+    assert err.startswith(f"error: --resume {run_dir}: d3s.METHODS['d3s'] has changed since the "
+                          f"run started (schedule linear -> constant), so it would not continue "
+                          f"exactly; put it back in d3s.py, or start it again with: python "
+                          f"train.py --model {tiny_dir} "), err
+    monkeypatch.undo()
+    del saved["method_spec"], saved["picked"]
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    config.main(train.Config, train.train, ["--resume", str(run_dir)])

@@ -95,3 +95,12 @@ def test_the_readme_gives_each_files_line_count():
     assert {name for name, _ in rows} >= {"train.py", "d3s.py", "rollout.py", "reward.py", "eval.py"}
     for name, lines in rows:
         assert int(lines) == len((ROOT / name).read_text().splitlines()), name
+
+
+def test_the_readme_layout_names_every_tiny_world():
+    """The README's Layout names the tiny worlds machinery/tiny.py has, every one of them."""
+    from machinery import tiny
+    layout = (ROOT / "README.md").read_text().split("## Layout")[1]
+    line = next(x for x in layout.splitlines() if "tiny.py" in x)
+    named = line.split(":", 1)[1].replace(",", " ").split()
+    assert named == list(tiny.WORLDS), line

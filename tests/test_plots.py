@@ -556,9 +556,10 @@ def test_curves_name_each_token_share_by_its_denominator():
 
 def resolved(**knobs):
     """config.json as train.py writes it for these knobs."""
-    from machinery import config
+    from machinery import config, run, tiny
     import train
-    return dataclasses.asdict(config.resolve(train.Config(**knobs)))
+    cfg = config.resolve(train.Config(**knobs))
+    return run.config_json(cfg, tiny.world_of(cfg.model))
 
 
 def test_labels_say_what_differs_and_nothing_else():
@@ -759,9 +760,12 @@ def test_page_renders_in_a_real_browser(tmp_path, d3s_step):
 PROBE = """<script>
 const look = el => { const s = getComputedStyle(el); let fade = 1;
   for (let e = el; e; e = e.parentElement) fade *= getComputedStyle(e).opacity;
+  const b = getComputedStyle(el, "::before");  // a fork's triangle
   return {color: s.color, weight: s.fontWeight, line: s.textDecorationLine, shadow: s.boxShadow,
           background: s.backgroundColor, fade: fade,
-          top: s.borderTopWidth + " " + s.borderTopStyle + " " + s.borderTopColor}; };
+          top: s.borderTopWidth + " " + s.borderTopStyle + " " + s.borderTopColor,
+          before: b.content + " " + b.borderTopWidth + " " + b.borderTopStyle + " " +
+                  b.borderTopColor + " " + b.borderLeftWidth + " " + b.borderLeftColor}; };
 const fork = "[class$=f]", plain = ":not([class$=f])";
 const marks = {trained: "tr.kept u[class^=k]", untrained: "tr.kept u[class^=d]",
   dropped: "tr.dropped u:not(.sp)", legend_trained: ".legend u[class^=k]",
@@ -822,20 +826,26 @@ def test_dropped_rollout_untrained_token_and_trained_token_look_different(tmp_pa
 
 
 def test_forks_are_marked_in_every_rollout_and_a_trained_fork_is_told_apart(tmp_path, d3s_step):
-    """A fork (sampled above 0.672 nats) has a bluish-green bar above it, in a kept rollout or a
-    dropped one, trained or not; no other token has one. A trained fork keeps the trained mark
-    (bold, vermillion below), so it never looks like an untrained fork. The legend shows both."""
+    """A fork (sampled above 0.672 nats) has a bluish-green triangle above it, MARK = 6 px high,
+    in a kept rollout or a dropped one, trained or not; no other token has one. A trained fork
+    keeps the trained mark (bold, a 6 px vermillion bar below), so it never looks like an untrained
+    fork: two shapes, two colours, two places. The legend shows both."""
     looks = computed_looks(tmp_path, d3s_step[-1])
-    green = "2px solid " + rgb(plots.GREEN)
+    assert plots.MARK >= 6  # readable at 100% zoom (2-3 px were not)
+    # a triangle: a 6 px top border under transparent sides, the shape CSS draws a triangle with
+    side = f"{plots.MARK // 2 + 1}px rgba(0, 0, 0, 0)"
+    triangle = f'"" {plots.MARK}px solid {rgb(plots.GREEN)} {side}'
     for name in ("trained_fork", "untrained_fork", "dropped_fork", "legend_fork",
                  "legend_trained_fork"):
-        assert looks[name]["top"] == green, (name, looks[name])
-    # not a fork: no bar above (every token trained here is a fork: the legend's sample is not)
+        assert looks[name]["before"] == triangle, (name, looks[name])
+    # not a fork: no triangle (every token trained here is a fork: the legend's sample is not)
     for name in ("untrained_plain", "dropped_plain", "legend_trained", "legend_untrained"):
-        assert looks[name]["top"].startswith("0px none"), (name, looks[name])
+        assert looks[name]["before"].startswith("none "), (name, looks[name])
     vermillion = rgb(plots.VERMILLION)
     trained, untrained = looks["trained_fork"], looks["untrained_fork"]
-    assert trained["weight"] == "700" and vermillion in trained["shadow"], trained
+    bar = f"{vermillion} 0px {plots.MARK}px 0px 0px"  # a bar MARK px high, right below the token
+    assert trained["weight"] == "700" and trained["shadow"] == bar, trained
+    assert looks["trained"]["shadow"] == bar and looks["legend_trained"]["shadow"] == bar
     assert untrained["weight"] == "400" and untrained["shadow"] == "none", untrained
     assert "line-through" in looks["dropped_fork"]["line"]  # still a dropped rollout
     for state in ("trained_fork", "untrained_fork"):
@@ -845,3 +855,59 @@ def test_forks_are_marked_in_every_rollout_and_a_trained_fork_is_told_apart(tmp_
     keys = legend_keys(plots.selection_html(d3s_step[-1]))
     assert ("fork / trained fork: a token sampled with entropy H > 0.672 nats (the 80/20 paper's "
             "forking threshold), in every rollout shown") in keys
+
+
+def tallest(mask):
+    """The longest vertical run of True pixels in any column of an (H, W) mask."""
+    best = 0
+    for col in mask.T[mask.any(axis=0)]:
+        edges = np.diff(np.concatenate([[0], col.astype(int), [0]]))
+        best = max(best, int((np.nonzero(edges == -1)[0] - np.nonzero(edges == 1)[0]).max()))
+    return best
+
+
+def test_the_fork_and_trained_marks_are_readable_at_100_percent(tmp_path, d3s_step):
+    """Measured on the page as a browser draws it at 100% zoom: the trained bar and the fork
+    triangle are each 6 px high in their own colour (2 and 3 px sent a reader to 300%)."""
+    browser = browser_or_skip()
+    page = tmp_path / "selection.html"
+    page.write_text(plots.selection_html(d3s_step[-1]), encoding="utf-8")
+    pixels = screenshot(browser, page, tmp_path / "page.png", tmp_path).astype(int)
+
+    def near(colour, by):
+        return np.abs(pixels - [int(colour[i:i + 2], 16) for i in (1, 3, 5)]).max(axis=-1) <= by
+    assert tallest(near(plots.VERMILLION, 8)) == 6  # the bar below a trained token
+    # the triangle: its middle columns are 5 px of green and the tip's half-covered pixel
+    assert tallest(near(plots.GREEN, 32)) == 5
+
+
+def test_no_module_under_machinery_imports_train():
+    """Imports run one way (STYLE.md): the learner's files use machinery/, never the reverse, so
+    machinery/plots.py reads the divisor its run's line picked from config.json, not train.py."""
+    import ast
+    for path in sorted((ROOT / "machinery").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "train" or n.startswith("train.") for n in names), path.name
+
+
+def test_labels_read_the_divisor_and_the_method_from_config_json():
+    """The divisor its method and loss pick (config.json's picked) repeats them and labels nothing;
+    a given one does. Two runs of one method that d3s.py defined otherwise between them (their
+    method_spec) are labelled by what changed. picked and method_spec are no knobs to label."""
+    grpo, gspo = resolved(out_dir="out/a"), resolved(loss="gspo", out_dir="out/b")
+    assert (grpo["picked"]["divisor"], gspo["picked"]["divisor"]) == ("kept", "seq")
+    eps = "clip_eps_low=0.0003, clip_eps_high=0.0004"  # GSPO's own, picked by the loss too
+    assert plots.run_labels([grpo, gspo], ["a", "b"]) == [
+        "loss=grpo, clip_eps_low=0.2, clip_eps_high=0.2", f"loss=gspo, {eps}"]
+    given = dict(gspo, divisor="kept", out_dir="out/c")  # --loss gspo --divisor kept
+    assert plots.run_labels([gspo, given], ["b", "c"]) == ["b", "divisor=kept"]
+    valid = dict(grpo, divisor="valid")
+    assert plots.run_labels([grpo, valid], ["a", "c"]) == ["a", "divisor=valid"]
+    edited = dict(grpo, out_dir="out/d",
+                  method_spec=dict(grpo["method_spec"], schedule="constant"))
+    assert plots.run_labels([grpo, edited], ["a", "d"]) == ["schedule=linear", "schedule=constant"]
+    old = {k: v for k, v in grpo.items() if k not in ("picked", "method_spec")}  # before both
+    assert plots.run_labels([old, resolved(method="grpo")], ["a", "e"]) == [
+        "method=d3s", "method=grpo"]

@@ -724,3 +724,71 @@ def test_an_inf_gradient_under_float16_is_a_counted_scaler_skip(tmp_path, tiny_d
     _, lines, run_dir = run(tmp_path, "nan", tiny_dir, steps=1, updates_per_batch=2, eval_every=0)
     row = rows(run_dir)[0]
     assert (row["scaler_skips"], row["nonfinite"]) == (0, 1) and "warning: a non-finite" in capsys.readouterr().out
+
+
+def test_help_names_each_divisors_paper_and_the_config_block_says_which_pick_wins(capsys):
+    """--help's divisor line names whose each choice is (d3s.divisors: [ours]; 80/20, DAPO; GRPO's
+    and GSPO's papers), and the config block's comment, where a learner meets pick(default=...,
+    method_entropy=..., gspo=...), gives the order config.picked follows: the one it names first
+    wins."""
+    with pytest.raises(SystemExit):
+        config.parse_args(train.Config, ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--divisor STR kept [ours] | valid (80/20, DAPO) | seq (GRPO, GSPO) (default" in text
+    source = open(ROOT / "train.py").read()
+    block = source[source.index("# config:"):source.index("@dataclass")]
+    order = ["tiny_long=", "tiny= or real=", "gspo=", "method_entropy=", "else the first"]
+    assert all(key in block for key in order) and "the first that\n# applies wins" in block
+    assert [block.index(key) for key in order] == sorted(block.index(key) for key in order)
+    # and so it is: by hand, each key against the next one in that order
+    knob = config.pick(default="d", tiny="t", tiny_long="l", real="r", gspo="g", method_entropy="m")
+    assert config.picked(knob, "tiny-long", "gspo", "entropy") == "l"  # a world's own first
+    assert config.picked(knob, "tiny-fork", "gspo", "entropy") == "t"  # then tiny
+    no_kind = config.pick(default="d", gspo="g", method_entropy="m")
+    assert config.picked(no_kind, None, "gspo", "entropy") == "g"  # the loss over the method
+    assert config.picked(no_kind, None, "grpo", "entropy") == "m"
+    assert config.picked(no_kind, None, "grpo", "d3s") == "d"  # else the first
+
+
+def test_a_tiny_fork_run_names_its_world_in_its_lines(tmp_path, fork_dir):
+    """--model tiny-fork evaluates on the tiny-fork world's questions (the dataset knob picks tiny
+    for every tiny world: the same questions); its data line, evaluation lines and last line name
+    that world, not "tiny"."""
+    _, lines, _ = run(tmp_path, "fork", fork_dir, steps=1, eval_size=2, eval_every=0)
+    assert lines[1].startswith("data ") and ": tiny-fork test split (" in lines[1], lines[1]
+    evals = [line for line in lines if line.startswith("eval step")]
+    assert len(evals) == 2 and all("(2 held-out tiny-fork prompts, greedy)" in e for e in evals)
+    assert "(tiny-fork, 2 prompts, greedy)" in lines[-1]
+    _, lines, _ = run(tmp_path, "tiny", fork_dir, steps=1, eval_size=2, eval_every=0,
+                      dataset="tiny-long")  # another world's questions: that world's name
+    assert "(2 held-out tiny-long prompts, greedy)" in lines[4], lines
+
+
+def test_gspo_at_k_1_differs_from_grpo_only_by_its_divisor_as_the_spec_says():
+    """docs/algorithm.md: at K = 1 every ratio is 1, so GRPO's and GSPO's ratios give the same
+    gradient, and --loss gspo still trains otherwise because it also picks the seq divisor; with
+    --divisor kept it is --loss grpo. Checked on hand-made tensors through d3s.policy_loss."""
+    spec = (ROOT / "docs" / "algorithm.md").read_text()
+    section = spec.split("## Several updates per step (K)")[1].strip()
+    k_1 = " ".join(section.split("\n\n")[0].split())  # its first paragraph, unwrapped
+    assert "`--loss gspo` alone still trains otherwise at K = 1: it also changes the divisor to " \
+           "`seq`" in k_1 and "`--loss gspo --divisor kept` is `--loss grpo` at K = 1" in k_1
+    assert (resolved("--loss", "gspo").divisor, resolved("--loss", "gspo", "--divisor",
+                                                         "kept").divisor) == ("seq", "kept")
+    logp0 = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -2.5, -0.7]])
+    keep = torch.tensor([[True, True, True, True], [True, True, False, False]])  # 4 and 2 kept
+    adv = torch.tensor([1.0, -0.5])
+
+    def gradient(loss, divisor, eps):
+        logp = logp0.clone().requires_grad_()
+        div = d3s.divisors(keep, keep, divisor)
+        value, _ = d3s.policy_loss(logp, logp.detach(), adv, keep, div, loss=loss,
+                                   eps_low=eps[0], eps_high=eps[1])
+        value.backward()
+        return logp.grad
+    grpo = gradient("grpo", "kept", (0.2, 0.2))
+    assert torch.allclose(grpo, -adv[:, None] * keep / 6)  # by hand: -A / (6 kept tokens)
+    assert torch.equal(gradient("gspo", "kept", (3e-4, 4e-4)), grpo)
+    # seq: each rollout's mean, then the mean over the 2 rollouts: -A / (n_i * 2)
+    seq = gradient("gspo", "seq", (3e-4, 4e-4))
+    assert torch.allclose(seq, -adv[:, None] * keep / torch.tensor([[8.0], [4.0]]))
