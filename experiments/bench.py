@@ -64,6 +64,11 @@ time and is read afterwards, so the same command asks for the same runs and reus
 lacks is added. Each method with S_m != S then runs with S_m steps (its schedule spanning its own
 steps, evaluated every --eval_every of its own steps) in DIR/runs/<method>-budget-seed<k>; a method
 with S_m = S (GRPO always) is its fixed-step runs. A second table compares them (below).
+--share F (with --budget seconds) plans GRPO's budget on a machine where generation is a share F of
+GRPO's step (0.8: a GPU, say): each method's generation seconds scaled by F u / ((1 - F) g) (g, u:
+GRPO's seconds per step), its update's as measured. Its plan, runs and files carry -shareF
+(budget-share0.8.json, runs/<method>-budget-share0.8-seed<k>, results-share0.8.md), beside the
+measured budget's; experiments/share.py turns all of a folder's runs into speed-ups at any share.
 
 What bench writes in DIR (--out):
   results.md    the command and the table(s), as printed
@@ -704,11 +709,21 @@ def figure(curves, budget=None):
 # GRPO's budget of seconds (--budget seconds)
 
 
-def seconds_per_step(runs):
-    """Seconds of generation + update per step: each run's mean over its steps, then the mean over
-    the seeds."""
-    return statistics.mean(statistics.mean(s["t_gen"] + s["t_upd"] for s in r["steps"])
+def seconds_per_step(runs, scale=1.0):
+    """Seconds of generation (times `scale`) + update per step: each run's mean over its steps, then
+    the mean over the seeds."""
+    return statistics.mean(statistics.mean(scale * s["t_gen"] + s["t_upd"] for s in r["steps"])
                            for r in runs)
+
+
+def generation_scale(grpo_runs, share):
+    """a: generation's seconds scaled so that they are a share `share` of GRPO's step (its
+    fixed-step runs), the update's as measured (experiments/share.py); 1 with no share."""
+    if share is None:
+        return 1.0
+    g, u = (statistics.mean(statistics.mean(s[t] for s in r["steps"]) for r in grpo_runs)
+            for t in ("t_gen", "t_upd"))
+    return share * u / ((1 - share) * g)
 
 
 def read_plan(path, steps):
@@ -724,21 +739,24 @@ def read_plan(path, steps):
     return plan
 
 
-def budget_plan(path, steps, ok, command):
+def budget_plan(path, steps, ok, command, share=None):
     """Each method's step count in GRPO's budget of seconds: round(steps * GRPO's seconds per step /
     the method's), the seconds per step from its finished fixed-step runs (ok: {method: runs}),
     rounded to 4 digits and kept in DIR/budget.json. Written the first time and read afterwards, so
     that the same command asks for the same runs; a method that the file lacks is added, against
-    the GRPO seconds it holds."""
+    the GRPO seconds it holds. share (--share): generation's seconds scaled to that share of GRPO's
+    step (generation_scale), so the counts are those of a machine where generation weighs so."""
     plan = read_plan(path, steps)
     if plan is None and not ok.get("grpo"):
         raise ValueError("--budget seconds: no GRPO run finished, so there is no budget of seconds "
                          "(see the failed runs above)")
-    plan = plan or {"command": command, "steps": steps, "seconds_per_step": {}, "budget_steps": {}}
+    plan = plan or {"command": command, "steps": steps, "seconds_per_step": {}, "budget_steps": {},
+                    **({} if share is None else {"share": share})}
     new = sorted((m for m, runs in ok.items() if runs and m not in plan["budget_steps"]),
                  key=lambda m: m != "grpo")  # GRPO's first: the others are timed against it
+    scale = generation_scale(ok.get("grpo") or [], share) if new else 1.0
     for m in new:
-        plan["seconds_per_step"][m] = per_step = round(seconds_per_step(ok[m]), 4)
+        plan["seconds_per_step"][m] = per_step = round(seconds_per_step(ok[m], scale), 4)
         plan["budget_steps"][m] = max(1, round(steps * plan["seconds_per_step"]["grpo"] / per_step))
     if new:
         with open(path, "w") as f:
@@ -758,7 +776,8 @@ def in_budget(args, steps, keys, results, threads, command):
     are reused), and their table and curves beside GRPO's fixed-step runs. -> {"plan", "table",
     "curves", "runs", "ran": how many of the runs this command ran}."""
     ok = {k[0]: [r for r in results if key(r) == k and r["error"] is None] for k in keys}
-    plan = budget_plan(os.path.join(args.out, "budget.json"), steps, ok, command)
+    plan = budget_plan(os.path.join(args.out, f"budget{share_suffix(args)}.json"), steps, ok,
+                       command, args.share)
     cfgs = budget_configs(args, plan)
     saved = {cfg.out_dir: finished(cfg) for cfg in cfgs}
     todo = [cfg for cfg in cfgs if saved[cfg.out_dir] is None]
@@ -803,6 +822,11 @@ def parse_args(argv):
                         "GRPO's seconds of generation + update, at round(steps * GRPO's s/step / "
                         "its own) steps (DIR/budget.json), and a second table says how much sooner "
                         "than GRPO it reaches GRPO's final accuracy")
+    p.add_argument("--share", type=float, default=None,
+                   help="with --budget seconds: GRPO's budget on a machine where generation is "
+                        "this share of its step (0.8: a GPU, say), generation's seconds scaled "
+                        "(experiments/share.py gives the speed-up); its plan, runs and results "
+                        "have -share0.8 in their names")
     for name, kind in PASS_THROUGH.items():  # None: train.py's default for the world
         kind = (lambda s: s if s == "all" else int(s)) if name == "eval_size" else kind
         p.add_argument(f"--{name}", type=kind, default=None, help="passed to train.Config" +
@@ -811,6 +835,11 @@ def parse_args(argv):
         p.add_argument(f"--{name}", type=float, default=None,
                        help="passed to train.Config for the methods that use it")
     return p.parse_args(argv)
+
+
+def share_suffix(args):
+    """"-share0.8" for a budget at a generation share (--share), "" for the measured one."""
+    return "" if getattr(args, "share", None) is None else f"-share{args.share:g}"
 
 
 def settings(args, methods):
@@ -875,6 +904,8 @@ def configs(args, budget=None):
     for name in ("seeds", "jobs", "threads", "steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.share is not None and (args.budget != "seconds" or not 0 < args.share < 1):
+        raise ValueError(f"--share {args.share} needs --budget seconds and a share in (0, 1)")
     if args.budget == "seconds" and "grpo" not in methods:
         raise ValueError("--budget seconds gives each method GRPO's seconds: add grpo to --methods")
     if args.budget == "seconds" and (args.lr_grid or args.updates_grid):
@@ -900,7 +931,7 @@ def configs(args, budget=None):
         for lr, k in grid[m]:
             run = (m + ("" if args.lr_grid is None else f"-lr{lr:g}")
                    + ("" if args.updates_grid is None else f"-K{k}")
-                   + ("" if budget is None else "-budget"))
+                   + ("" if budget is None else "-budget" + share_suffix(args)))
             for s in range(args.seed_start, args.seed_start + args.seeds):
                 mine = {"method": m, "seed": s,
                         "out_dir": os.path.join(args.out, "runs", f"{run}-seed{s}"), **knobs,
@@ -920,8 +951,8 @@ def main(argv=None):
     try:
         methods, cfgs = configs(args)
         saved = {cfg.out_dir: finished(cfg) for cfg in cfgs}
-        plan = (read_plan(os.path.join(args.out, "budget.json"), cfgs[0].steps)
-                if args.budget == "seconds" else None)
+        plan = (read_plan(os.path.join(args.out, f"budget{share_suffix(args)}.json"),
+                          cfgs[0].steps) if args.budget == "seconds" else None)
         for cfg in budget_configs(args, plan) if plan else []:  # a repeat: check its budget's too
             finished(cfg)
     except ValueError as e:
@@ -947,7 +978,11 @@ def main(argv=None):
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
-        tables.append(format_budget_table(budget["table"], budget["plan"]))
+        if args.share is None:  # at another share its seconds are not these: share.py's table
+            tables.append(format_budget_table(budget["table"], budget["plan"]))
+        else:
+            tables.append(f"In GRPO's budget at generation share {args.share:g}: steps "
+                          f"{budget['plan']['budget_steps']} (the speed-up: experiments/share.py)")
     wall = time.time() - t0
     # the ratios each method applies
     per_run = ("method", "seed", "lr", "updates_per_batch", "out_dir", *RATIOS)
@@ -956,16 +991,17 @@ def main(argv=None):
     ran = (f"{len(todo) + (budget['ran'] if budget else 0)} runs in {wall:.0f}s, {args.jobs} "
            f"at a time with {threads} torch thread(s) each (each run's own: results.json)")
     print("\n\n".join(tables))
-    print(f"{ran}; {args.out}/results.md, results.json, bench.png")
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    name = "results" + share_suffix(args)  # a share's budget keeps the measured one's files
+    print(f"{ran}; {args.out}/{name}.md, {name}.json, bench{share_suffix(args)}.png")
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(f"`{command}`\n\n" + "\n\n".join(tables) + f"\n\n{ran}\n")
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump({"command": command, "wall": wall, "jobs": args.jobs, "threads": threads,
                    "config": shared, "table": rows, "curves": curves, "runs": results,
                    **({"budget": budget} if budget else {})}, f, indent=1)
     if curves:
         fig = figure(curves, budget and budget["curves"])
-        fig.savefig(os.path.join(args.out, "bench.png"))
+        fig.savefig(os.path.join(args.out, f"bench{share_suffix(args)}.png"))
         plt.close(fig)
     if args.lr_grid is not None or args.updates_grid is not None:
         chosen = choose(rows)

@@ -815,3 +815,21 @@ def test_paired_and_study_sh_print_their_usage():
         assert ok.returncode == 0 and ok.stdout.startswith(usage)
         bad = subprocess.run(command, cwd=root, capture_output=True, text=True)
         assert bad.returncode == code and bad.stderr.startswith("usage: ") and not bad.stdout
+
+
+def test_a_budget_at_a_generation_share_scales_generation_only(tmp_path):
+    """--budget seconds --share 0.8: GRPO's step is 1 s generating + 3 s updating, D3S's 1 + 1. As
+    measured, D3S's 2 s a step buy it 20 * 4 / 2 = 40 steps of GRPO's 20. Where generation is 0.8 of
+    GRPO's step, generation scales by a = 0.8 * 3 / (0.2 * 1) = 12: GRPO's step 15 s, D3S's 13 s,
+    round(20 * 15 / 13) = 23 steps: a cheaper update buys little where generation dominates."""
+    ok = {"grpo": [{"steps": fake_steps(20, 128, 100, 1.0, 3.0)}],
+          "d3s": [{"steps": fake_steps(20, 64, 20, 1.0, 1.0)}]}
+    plan = bench.budget_plan(str(tmp_path / "budget.json"), 20, ok, "cmd")
+    assert plan["budget_steps"] == {"grpo": 20, "d3s": 40} and "share" not in plan
+    shared = bench.budget_plan(str(tmp_path / "budget-share0.8.json"), 20, ok, "cmd", share=0.8)
+    assert shared["budget_steps"] == {"grpo": 20, "d3s": 23} and shared["share"] == 0.8
+    assert shared["seconds_per_step"] == {"grpo": 15.0, "d3s": 13.0}
+    args = bench.parse_args(["--share", "0.8", "--out", str(tmp_path)])
+    assert bench.share_suffix(args) == "-share0.8"
+    with pytest.raises(ValueError, match=r"--share 0.8 needs --budget seconds"):
+        bench.configs(args)
