@@ -13,12 +13,14 @@ how much of the step generation takes: little on this project's CPU (about a qua
 step with HF `generate` on a GPU. The steps a method needs are measured once; the share is then
 only a change of units.
 
-A folder is one `experiments/bench.py --budget seconds` command's (results.json): each method's
-fixed-step runs, and its longer runs in GRPO's budget where it has them. For each method m:
+A folder is one `experiments/bench.py` folder: every finished run under DIR/runs, each method's
+fixed-step runs and its runs in GRPO's budgets (`--budget seconds`, at the share measured here, and
+`--budget seconds --share 0.8`, at that share), each at its own step count. For each method m and
+each of its run lengths:
   s_m        the step at which its seed-mean held-out accuracy first reaches GRPO's final seed-mean
-             accuracy (the target), read from its longest runs and interpolated linearly between
-             two evaluations [ours: an evaluation grid alone would put "x sooner" one evaluation
-             early or late]; GRPO's own from its fixed-step runs (at most their last step)
+             accuracy (the target), interpolated linearly between two evaluations [ours: an
+             evaluation grid alone puts "x sooner" one evaluation early or late]; GRPO's own from
+             its fixed-step runs (at most their last step)
   G_m, U_m   the seconds of generation and of update it spent before s_m (t_gen, t_upd of
              log.jsonl summed over its steps, the step s_m falls in counted in proportion; seed
              mean)
@@ -26,23 +28,26 @@ fixed-step runs, and its longer runs in GRPO's budget where it has them. For eac
              share measured here is f0 = g / (g + u)
 At a share f, generation's seconds are scaled by a = f u / ((1 - f) g) (a = 1 at f0), the steps and
 the update's seconds as measured: T_m(f) = a G_m + U_m, and the speed-up over GRPO is
-T_grpo(f) / T_m(f) (over the filter baseline, grpo-filter, T_filter(f) / T_m(f)). It is monotone
-in f, so it crosses 1 at most once: the break-even share f*, where T_m = T_ref, i.e.
-a* = (U_ref - U_m) / (G_m - G_ref). A method that needs more steps than GRPO but a cheaper update
-is faster below f* and slower above it.
+T_grpo(f) / T_m(f) (over the filter baseline, grpo-filter, T_filter(f) / T_m(f)). [ours] Which of
+m's runs: those whose length is nearest the steps GRPO's budget affords m at f, S (a g + u) /
+(a g_m + u_m) with g_m, u_m its own per step. A scheduled method is not the same method run
+longer (its keep ratios relax over its own steps), and the steps it needs change with the steps it
+is given: where generation dominates, GRPO's seconds buy it few more steps than GRPO's. The
+break-even share is where the speed-up first drops below 1 (interpolated on the f grid).
 
 Every interval is a 95% bootstrap over seeds (BOOTSTRAP resamples, numpy seed 0): the same resampled
-seeds for every method of a folder, each resample with its own target. A resample in which a method
-never reaches the target counts as speed-up 0 and break-even 0 (slower at every share); one in
-which it is at least as fast at every share counts as break-even 1.
+seeds for every method and run length of a folder, each resample with its own target. A resample in
+which a method never reaches the target counts as speed-up 0 (slower at every share it applies to).
 
-Prints, per folder, a markdown table: steps to the target, seconds, the speed-up at the measured
-share and at f = 0.5, 0.8 and 0.95, and the break-even share against GRPO and against the filter;
+Prints, per folder, a markdown table: each run length's steps to the target and seconds, the
+speed-up at the measured share and at f = 0.5, 0.8 and 0.95, and the share below which the method
+is faster than GRPO and than the filter;
 and draws the speed-up against f, a panel per folder, a line per method with its band (--out).
 --gpu marks where a GPU step would sit: the project's estimate unless measured (experiments/
 study.md says its basis).
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -55,23 +60,23 @@ SHOWN = (0.5, 0.8, 0.95)  # the table's f, beside the measured share
 
 
 def load(folder):
-    """{method: (the fixed-step runs, its longest runs)} of a bench folder, each list ordered by
-    seed: the longest are the runs in GRPO's budget where they have more steps than the fixed."""
-    path = os.path.join(folder, "results.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{folder} has no results.json; pass the --out folder of an "
-                         "experiments/bench.py command (with --budget seconds for methods that "
-                         "need more steps than GRPO)")
-    with open(path) as f:
-        res = json.load(f)
-    ok = [r for r in res["runs"] if r["error"] is None]
-    budget = [r for r in res.get("budget", {}).get("runs", []) if r["error"] is None]
+    """{method: {steps: runs}} of a bench folder, from every finished run under DIR/runs (its
+    fixed-step runs and its runs in GRPO's budgets, each budget's at its own step count), each
+    list ordered by seed."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(folder, "runs", "*", "result.json"))):
+        with open(path) as f:
+            saved = json.load(f)
+        runs.append(dict(saved["result"], steps_run=saved["config"]["steps"]))
+    if not runs:
+        raise ValueError(f"{folder} has no finished run (runs/*/result.json); pass the --out "
+                         "folder of an experiments/bench.py command (with --budget seconds)")
     out = {}
-    for m in dict.fromkeys(r["method"] for r in ok):
-        fixed = sorted((r for r in ok if r["method"] == m), key=lambda r: r["seed"])
-        longer = sorted((r for r in budget if r["method"] == m), key=lambda r: r["seed"])
-        long_ = longer if longer and steps(longer[0]) > steps(fixed[0]) else fixed
-        out[m] = (fixed, long_)
+    for r in runs:
+        out.setdefault(r["method"], {}).setdefault(r["steps_run"], []).append(r)
+    for sets in out.values():
+        for rs in sets.values():
+            rs.sort(key=lambda r: r["seed"])
     if "grpo" not in out:
         raise ValueError(f"{folder} has no finished grpo run: the speed-up is GRPO's seconds over "
                          "a method's")
@@ -97,7 +102,7 @@ def reach(evals, acc, target):
     """The first (fractional) step at which the curve acc (at the steps evals) reaches target,
     linearly interpolated between the two evaluations around it; None if it never does."""
     for j, a in enumerate(acc):
-        if a >= target:
+        if a >= target - 1e-9:  # a curve reaches its own mean, whatever the order of the sums
             if j == 0:
                 return float(evals[0])
             lo, hi = acc[j - 1], a
@@ -106,14 +111,21 @@ def reach(evals, acc, target):
 
 
 def cost(runs, target, rows):
-    """(G, U): the seed-mean seconds of generation and of update before the seed-mean curve of
-    runs[rows] reaches target, or None when it never does."""
+    """(G, U, s): the seed-mean seconds of generation and of update before the seed-mean curve of
+    runs[rows] reaches target, and the step it does, or None when it never does."""
     evals = [h["step"] for h in runs[0]["history"]]
     acc = np.mean([[h["accuracy"] for h in runs[i]["history"]] for i in rows], axis=0)
     s = reach(evals, acc, target)
     if s is None:
         return None
-    return tuple(np.mean([at(cumulative(runs[i], f), s) for i in rows]) for f in ("t_gen", "t_upd"))
+    return (*(np.mean([at(cumulative(runs[i], f), s) for i in rows]) for f in ("t_gen", "t_upd")),
+            s)
+
+
+def per_step(runs, rows):
+    """(generation, update): seed-mean seconds per step of runs[rows]."""
+    return tuple(np.mean([np.mean([s[f] for s in runs[i]["steps"]]) for i in rows])
+                 for f in ("t_gen", "t_upd"))
 
 
 def scale(f, g, u):
@@ -125,79 +137,91 @@ def speedup(ref, mine, a):
     """T_ref / T_mine at generation scale a; 0 when the method never reaches the target."""
     if mine is None:
         return 0.0
+    if ref is None:
+        return np.inf
     return (a * ref[0] + ref[1]) / (a * mine[0] + mine[1])
 
 
-def break_even(ref, mine, g, u):
-    """(f*, faster_below): the share at which T_mine = T_ref, clamped to [0, 1] (0: slower at every
-    share, 1: at least as fast at every share), and whether the method is the faster one below
-    it."""
-    if mine is None:
-        return 0.0, True
-    dG, dU = mine[0] - ref[0], mine[1] - ref[1]  # T_mine - T_ref = a dG + dU
-    if dG >= 0 and dU >= 0:
-        return (1.0, True) if dG == dU == 0 else (0.0, True)
-    if dG <= 0 and dU <= 0:
-        return 1.0, True
-    a = -dU / dG  # > 0: the crossing
-    return float(a * g / (a * g + u)), bool(dG > 0)
+def first_below(curve):
+    """The share at which a speed-up curve over SHARES first drops below 1 from at or above it,
+    interpolated: 0 when it starts below (slower at every share), 1 when it never drops (at least
+    as fast at every share up to SHARES' end)."""
+    for k, x in enumerate(curve):
+        if x < 1:
+            if k == 0:
+                return 0.0
+            lo, hi = curve[k - 1], x
+            if not np.isfinite(lo):  # the reference never got there: no line to interpolate on
+                return float(SHARES[k])
+            return float(SHARES[k - 1] + (lo - 1) / (lo - hi) * (SHARES[k] - SHARES[k - 1]))
+    return 1.0
 
 
 def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0):
-    """Every number of a folder's table and panel: per method, the point estimates and their
-    bootstrap intervals (see the module docstring)."""
-    grpo_fixed = runs_by_method["grpo"][0]
-    n = len(grpo_fixed)
-    seeds = [r["seed"] for r in grpo_fixed]
-    for m, (fixed, long_) in runs_by_method.items():
-        if [r["seed"] for r in long_] != seeds:
-            raise ValueError(f"{m}'s runs have seeds {[r['seed'] for r in long_]}, GRPO's {seeds}: "
-                             "the speed-up pairs them seed by seed")
-    g = np.mean([np.mean([s["t_gen"] for s in r["steps"]]) for r in grpo_fixed])
-    u = np.mean([np.mean([s["t_upd"] for s in r["steps"]]) for r in grpo_fixed])
-    f0 = g / (g + u)
+    """Every number of a folder's table and panel (see the module docstring): per method, at each
+    share f its runs whose length is nearest the steps GRPO's budget affords it there, the
+    speed-ups over GRPO and the filter, and the break-even shares, with bootstrap intervals."""
+    (S, grpo), = runs_by_method["grpo"].items()
+    n, seeds = len(grpo), [r["seed"] for r in grpo]
+    for m, sets in runs_by_method.items():
+        for k, rs in sets.items():
+            if [r["seed"] for r in rs] != seeds:
+                raise ValueError(f"{m}'s {k}-step runs have seeds {[r['seed'] for r in rs]}, "
+                                 f"GRPO's {seeds}: the speed-up pairs them seed by seed")
+    methods = list(runs_by_method)
+    g0, u0 = per_step(grpo, range(n))
+    f0 = float(g0 / (g0 + u0))
 
     def numbers(rows):
-        target = np.mean([grpo_fixed[i]["history"][-1]["accuracy"] for i in rows])
-        gg = np.mean([np.mean([s["t_gen"] for s in grpo_fixed[i]["steps"]]) for i in rows])
-        uu = np.mean([np.mean([s["t_upd"] for s in grpo_fixed[i]["steps"]]) for i in rows])
-        costs = {m: cost(long_ if m != "grpo" else fixed, target, rows)
-                 for m, (fixed, long_) in runs_by_method.items()}
+        target = np.mean([grpo[i]["history"][-1]["accuracy"] for i in rows])
+        g, u = per_step(grpo, rows)
+        costs = {m: {k: cost(rs, target, rows) for k, rs in sets.items()}
+                 for m, sets in runs_by_method.items()}
+        steps_per = {m: per_step(sets[min(sets)], rows) for m, sets in runs_by_method.items()}
+
+        def chosen(m, f):  # the cost from the runs nearest the steps GRPO's budget affords m at f
+            a = scale(f, g, u)
+            afford = S * (a * g + u) / (a * steps_per[m][0] + steps_per[m][1])
+            return costs[m][min(costs[m], key=lambda k: (abs(k - afford), -k))], a
+
         out = {}
-        for m, c in costs.items():
-            row = {"curve": [speedup(costs["grpo"], c, scale(f, gg, uu)) for f in SHARES],
-                   "at": {f: speedup(costs["grpo"], c, scale(f, gg, uu)) for f in (f0, *SHOWN)},
-                   "even_grpo": break_even(costs["grpo"], c, gg, uu)}
-            if "grpo-filter" in costs and m != "grpo-filter":  # a filter that never gets there:
-                ref = costs["grpo-filter"]  # a method that does is faster at every share
-                row["even_filter"] = (break_even(ref, c, gg, uu) if ref is not None else
-                                      (float(c is not None), True))
+        for m in methods:
+            row = {}
+            for name, ref in (("grpo", "grpo"), ("filter", "grpo-filter")):
+                if ref not in costs or (m == ref and name == "filter"):
+                    continue
+                curve = []
+                for f in SHARES:
+                    mine, a = chosen(m, f)
+                    curve.append(speedup(chosen(ref, f)[0], mine, a))
+                row[name] = curve
+                if name == "grpo":
+                    row["at"] = {f: speedup(chosen(ref, f)[0], *chosen(m, f)) for f in (f0, *SHOWN)}
             out[m] = row
         return costs, out
 
     costs, point = numbers(range(n))
     rng = np.random.default_rng(seed)
     boots = [numbers(rng.integers(0, n, n))[1] for _ in range(resamples)]
-    result = {"f0": f0, "g": g, "u": u, "seeds": seeds, "methods": {}}
-    for m in runs_by_method:
-        long_ = runs_by_method[m][1 if m != "grpo" else 0]
-        evals = [h["step"] for h in long_[0]["history"]]
-        acc = np.mean([[h["accuracy"] for h in r["history"]] for r in long_], axis=0)
-        target = np.mean([r["history"][-1]["accuracy"] for r in grpo_fixed])
+    target = np.mean([r["history"][-1]["accuracy"] for r in grpo])
+    result = {"f0": f0, "g": float(g0), "u": float(u0), "seeds": seeds, "target": float(target),
+              "methods": {}}
+    for m in methods:
         p = point[m]
 
         def ci(get):
-            vals = np.array([get(b[m]) for b in boots])
+            vals = np.array([get(b[m]) for b in boots], dtype=float)
             return [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
-        row = {"steps_run": steps(long_[0]), "reach": reach(evals, acc, target),
-               "cost": None if costs[m] is None else [float(x) for x in costs[m]],
-               "curve": p["curve"],
-               "curve_ci": [ci(lambda b, k=k: b["curve"][k]) for k in range(len(SHARES))],
-               "at": {str(round(f, 4)): [p["at"][f], ci(lambda b, f=f: b["at"][f])]
+        row = {"runs": {str(k): (None if c is None else {"gen_s": float(c[0]), "upd_s": float(c[1]),
+                                                         "step": float(c[2])})
+                        for k, c in sorted(costs[m].items())},
+               "curve": [float(x) for x in p["grpo"]],
+               "curve_ci": [ci(lambda b, k=k: b["grpo"][k]) for k in range(len(SHARES))],
+               "at": {str(round(f, 4)): [float(p["at"][f]), ci(lambda b, f=f: b["at"][f])]
                       for f in (f0, *SHOWN)},
-               "even_grpo": [*p["even_grpo"], ci(lambda b: b["even_grpo"][0])]}
-        if "even_filter" in p:
-            row["even_filter"] = [*p["even_filter"], ci(lambda b: b["even_filter"][0])]
+               "even_grpo": [first_below(p["grpo"]), ci(lambda b: first_below(b["grpo"]))]}
+        if "filter" in p:
+            row["even_filter"] = [first_below(p["filter"]), ci(lambda b: first_below(b["filter"]))]
         result["methods"][m] = row
     return result
 
@@ -208,12 +232,12 @@ def x_cell(v):
 
 
 def even_cell(v):
-    """"0.57 [0.41, 0.70] (faster below)"; "every share", "no share"."""
+    """"0.57 [0.41, 0.70]": faster than the reference below that share; or at "every share", at
+    "no share"."""
     if v is None:
         return "-"
-    f, below, (lo, hi) = v
-    where = ("no share" if f == 0 else "every share" if f == 1 else
-             f"{f:.2f} (faster {'below' if below else 'above'})")
+    f, (lo, hi) = v
+    where = "no share" if f == 0 else "every share to 0.95" if f == 1 else f"{f:.2f}"
     return f"{where} [{lo:.2f}, {hi:.2f}]"
 
 
@@ -221,17 +245,19 @@ def table(result):
     """The markdown table of one folder's analyse()."""
     f0 = result["f0"]
     head = (f"GRPO's step: {result['g']:.3f} s generation + {result['u']:.3f} s update, "
-            f"generation's share measured here f0 = {f0:.2f}; {len(result['seeds'])} seeds")
-    cols = (["method", "steps run", "steps to GRPO's acc", "gen s + upd s to it",
+            f"generation's share measured here f0 = {f0:.2f}; its final accuracy, the target: "
+            f"{100 * result['target']:.1f}%; {len(result['seeds'])} seeds")
+    cols = (["method", "runs: steps to the target (gen s + upd s to it)",
              f"x sooner at f0 = {f0:.2f}"] + [f"x sooner at f = {f}" for f in SHOWN]
-            + ["break-even f vs GRPO", "break-even f vs grpo-filter"])
+            + ["faster than GRPO below f", "faster than grpo-filter below f"])
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for m, r in result["methods"].items():
-        reached = "not reached" if r["reach"] is None else f"{r['reach']:.1f}"
-        spent = "-" if r["cost"] is None else f"{r['cost'][0]:.1f} + {r['cost'][1]:.1f}"
-        cells = [m, str(r["steps_run"]), reached, spent]
-        cells += [x_cell(r["at"][str(round(f, 4))]) for f in (f0, *SHOWN)]
-        cells += [even_cell(r["even_grpo"]), even_cell(r.get("even_filter"))]
+        runs = "; ".join(f"{k} steps: not reached" if c is None else
+                         f"{k} steps: {c['step']:.1f} ({c['gen_s']:.1f} + {c['upd_s']:.1f})"
+                         for k, c in r["runs"].items())
+        cells = [m, runs] + [x_cell(r["at"][str(round(f, 4))]) for f in (f0, *SHOWN)]
+        cells += [even_cell(r["even_grpo"] if m != "grpo" else None),
+                  even_cell(r.get("even_filter"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
