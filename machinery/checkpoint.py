@@ -130,8 +130,8 @@ def command(knobs):
 
 def start_again(run_dir, config_class=None):
     """The fresh start that replaces the run in run_dir by the same run: the knobs of its
-    config.json that differ from config_class's values (None: unknown), its folder and --overwrite
-    true."""
+    config.json that differ from config_class's values (a pick(): the value it gave that run; a
+    size for the card, as sized), its folder and --overwrite true."""
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
@@ -139,7 +139,9 @@ def start_again(run_dir, config_class=None):
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
     fields = dataclasses.fields(config_class) if config_class is not None else ()
-    own = {f.name: saved[f.name] for f in fields if f.name in saved and saved[f.name] != f.default
+    picks = saved.get("picked") if isinstance(saved.get("picked"), dict) else {}
+    own = {f.name: saved[f.name] for f in fields if f.name in saved  # the values not by default
+           and saved[f.name] != picks.get(f.name, f.default)
            and f.name not in ("resume", "out_dir", "overwrite")}
     return command({**own, "out_dir": run_dir, "overwrite": True}) + \
         ("" if saved and fields else " and the flags it ran with")  # a config.json not read

@@ -737,8 +737,9 @@ def test_help_names_each_divisors_paper_and_the_config_block_says_which_pick_win
     assert "--divisor STR kept [ours] | valid (80/20, DAPO) | seq (GRPO, GSPO) (default" in text
     source = open(ROOT / "train.py").read()
     block = source[source.index("# config:"):source.index("@dataclass")]
-    order = ["tiny_long=", "tiny= or real=", "gspo=", "method_entropy=", "else the first"]
-    assert all(key in block for key in order) and "the first that\n# applies wins" in block
+    order = ["gpu=", "lora_*", "(tiny_long=)", "tiny=/real=", "the loss's", "the method's",
+             "else the first"]
+    assert all(key in block for key in order) and "the first that applies wins" in block
     assert [block.index(key) for key in order] == sorted(block.index(key) for key in order)
     # and so it is: by hand, each key against the next one in that order
     knob = config.pick(default="d", tiny="t", tiny_long="l", real="r", gspo="g", method_entropy="m")
@@ -748,6 +749,10 @@ def test_help_names_each_divisors_paper_and_the_config_block_says_which_pick_win
     assert config.picked(no_kind, None, "gspo", "entropy") == "g"  # the loss over the method
     assert config.picked(no_kind, None, "grpo", "entropy") == "m"
     assert config.picked(no_kind, None, "grpo", "d3s") == "d"  # else the first
+    gpu = config.pick(gpu="auto", default="d", lora_tiny="lt", tiny="t")
+    assert config.picked(gpu, "tiny", "grpo", "d3s", lora=True, gpu=True) == "auto"  # gpu= first
+    assert config.picked(gpu, "tiny", "grpo", "d3s", lora=True) == "lt"  # then lora_
+    assert config.picked(gpu, None, "grpo", "d3s") == "d"  # the first that is not gpu=
 
 
 def test_a_tiny_fork_run_names_its_world_in_its_lines(tmp_path, fork_dir):
