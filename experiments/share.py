@@ -6,6 +6,7 @@ measured steps and seconds.
     python experiments/share.py out/study/share-tiny out/study/share-tiny-fork \
         out/study/share-tiny-weak --out experiments/figures/share.png
     python experiments/share.py out/study/share-tiny --json out/share.json   # one world
+    python experiments/share.py out/study/share-tiny --cost tokens   # seconds from the work done
 
 Why: a step is generation plus update. Every method generates the same rollouts (B = P x G of them),
 so a method that trains on less saves only update time, and what that buys in seconds depends on
@@ -34,6 +35,13 @@ m's runs: those whose length is nearest the steps GRPO's budget affords m at f, 
 longer (its keep ratios relax over its own steps), and the steps it needs change with the steps it
 is given: where generation dominates, GRPO's seconds buy it few more steps than GRPO's. The
 break-even share is where the speed-up first drops below 1 (interpolated on the f grid).
+
+--cost tokens replaces each step's measured seconds by a count of its work [ours], so that a host
+that runs the same steps faster or slower from one hour to the next (measured: up to a third, in
+experiments/study.md section J) does not move the answer: every step generates in GRPO's mean
+generation seconds per step (every method generates the same rollouts), and its update takes GRPO's
+update seconds per token forwarded and back-propagated times the step's fwd_bwd_tokens (every token
+of a kept rollout, each update). Only g and u, GRPO's own, stay measured.
 
 Every interval is a 95% bootstrap over seeds (BOOTSTRAP resamples, numpy seed 0): the same resampled
 seeds for every method and run length of a folder, each resample with its own target. A resample in
@@ -81,6 +89,20 @@ def load(folder):
         raise ValueError(f"{folder} has no finished grpo run: the speed-up is GRPO's seconds over "
                          "a method's")
     return out
+
+
+def by_tokens(runs_by_method):
+    """--cost tokens: each step's t_gen and t_upd from its work, at GRPO's measured prices (the
+    module docstring)."""
+    grpo = [s for rs in runs_by_method["grpo"].values() for r in rs for s in r["steps"]]
+    gen = np.mean([s["t_gen"] for s in grpo])
+    per_token = sum(s["t_upd"] for s in grpo) / sum(s["fwd_bwd_tokens"] for s in grpo)
+    for sets in runs_by_method.values():
+        for rs in sets.values():
+            for r in rs:
+                r["steps"] = [dict(s, t_gen=gen, t_upd=per_token * s["fwd_bwd_tokens"])
+                              for s in r["steps"]]
+    return runs_by_method
 
 
 def steps(run):
@@ -299,9 +321,12 @@ def main(argv=None):
     p.add_argument("--json", default="", help="write every number here")
     p.add_argument("--gpu", default="0.6,0.9,GPU step, the project's estimate",
                    help="LOW,HIGH,LABEL: the band of f where a GPU step sits ('': none)")
+    p.add_argument("--cost", default="seconds", choices=("seconds", "tokens"),
+                   help="each step's seconds as measured, or from its tokens at GRPO's prices")
     args = p.parse_args(argv)
     try:
-        results = [analyse(load(f)) for f in args.folders]
+        price = by_tokens if args.cost == "tokens" else (lambda runs: runs)
+        results = [analyse(price(load(f))) for f in args.folders]
         gpu = None
         if args.gpu:
             lo, hi, label = args.gpu.split(",", 2)

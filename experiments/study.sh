@@ -158,14 +158,22 @@ share)
   #    the filter and the controls at it, untuned. Evaluated every 5 steps; in GRPO's seconds too;
   #    then the speed-up at every generation share (experiments/share.py).
   J="--eval_size all --eval_every 5 --jobs 2 --threads 1 --lr 5e-5 --seeds 8 --steps 60"
+  FIVE=grpo,grpo-filter,d3s,d3s-entropy,d3s-random-nonzero
+  $BENCH --model tiny $J --methods $FIVE --budget seconds --out out/study/share-tiny
+  $BENCH --model tiny-fork $J --methods $FIVE --out out/study/share-tiny-fork
+  $BENCH --model tiny-fork $J --methods ${FIVE%,*} --budget seconds --out out/study/share-tiny-fork
   for world in tiny tiny-fork; do
-    $BENCH --model $world --methods grpo,grpo-filter,d3s,d3s-entropy,d3s-random-nonzero $J \
-        --budget seconds --out out/study/share-$world
-    $BENCH --model $world --methods d3s-random,d1s-cross-random $J \
-        --out out/study/share-$world-twins
+    $BENCH --model $world $J --methods d3s-random,d1s-cross-random --out out/study/share-$world-twins
   done
-  $BENCH --model tiny-weak --methods grpo,grpo-filter,d3s $J --budget seconds \
-      --out out/study/share-tiny-weak
+  # GRPO's budget where generation is 80% of its step (a GPU's share, section J), then tiny-weak
+  for world in tiny tiny-fork; do
+    $BENCH --model $world $J --methods ${FIVE%,*} --budget seconds --share 0.8 \
+        --out out/study/share-$world
+  done
+  for share in "" "--share 0.8"; do
+    $BENCH --model tiny-weak $J --methods grpo,grpo-filter,d3s --budget seconds $share \
+        --out out/study/share-tiny-weak
+  done
   python experiments/share.py out/study/share-tiny out/study/share-tiny-fork \
       out/study/share-tiny-weak --out experiments/figures/share.png --json out/study/share.json
   ;;

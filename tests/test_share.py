@@ -9,14 +9,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 import share  # noqa: E402
 
 
-def run(folder, method, seed, accs, every, t_gen, t_upd, name=None):
+def run(folder, method, seed, accs, every, t_gen, t_upd, name=None, tokens=0):
     """A finished bench run in folder/runs: held-out accuracy every `every` steps, constant seconds
-    a step."""
+    and tokens forwarded and back-propagated a step."""
     n = every * (len(accs) - 1)
     result = {"method": method, "seed": seed, "error": None,
               "history": [{"step": every * i, "tokens": 0, "accuracy": a}
                           for i, a in enumerate(accs)],
-              "steps": [{"step": i, "t_gen": t_gen, "t_upd": t_upd} for i in range(n)]}
+              "steps": [{"step": i, "t_gen": t_gen, "t_upd": t_upd, "fwd_bwd_tokens": tokens}
+                        for i in range(n)]}
     out = folder / "runs" / f"{name or method}-seed{seed}"
     out.mkdir(parents=True)
     (out / "result.json").write_text(json.dumps({"config": {"steps": n}, "result": result}))
@@ -65,6 +66,24 @@ def test_speed_up_and_break_even_by_hand(tmp_path):
     text = share.table(r)
     assert "| d3s | 4 steps: not reached; 8 steps: 7.0 (7.0 + 7.0) | 1.14x [1.14, 1.14]" in text
     assert "| d3s-random | 4 steps: not reached |" in text
+
+
+def test_cost_by_tokens_prices_each_step_at_grpos_seconds(tmp_path, capsys):
+    """--cost tokens: GRPO's steps generate in 1 s (seed 0) and 3 s (seed 1), a mean of 2 s, and
+    update 300 tokens in 3 s: 0.01 s a token. d3s's runs, measured on a slower host (5 s + 4 s a
+    step), train 100 tokens a step: priced at 2 + 1 s. So at f0 = 0.4 (2 / (2 + 3)) GRPO's 4 steps
+    cost 20 s, d3s's 7 steps of its 8-step runs 21 s: 20 / 21; measured, d3s is never faster."""
+    for s in (0, 1):
+        run(tmp_path, "grpo", s, [0.2, 0.4, 0.6], 2, 1.0 + 2 * s, 3.0, tokens=300)
+        run(tmp_path, "d3s", s, [0.2, 0.3, 0.4, 0.5, 0.7], 2, 5.0, 4.0, "d3s-budget", tokens=100)
+    r = share.analyse(share.by_tokens(share.load(tmp_path)))
+    assert r["f0"] == pytest.approx(0.4)
+    assert (r["methods"]["d3s"]["runs"]["8"]["gen_s"], r["methods"]["d3s"]["runs"]["8"]["upd_s"]) \
+        == pytest.approx((14.0, 7.0))
+    assert r["methods"]["d3s"]["at"]["0.4"][0] == pytest.approx(20 / 21)
+    assert share.analyse(share.load(tmp_path))["methods"]["d3s"]["at"]["0.4"][0] < 0.5
+    assert share.main([str(tmp_path), "--cost", "tokens", "--gpu", ""]) == 0
+    assert "| d3s | 8 steps: 7.0 (14.0 + 7.0) | 0.95x" in capsys.readouterr().out
 
 
 def test_reach_interpolates_between_evaluations():
