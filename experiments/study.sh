@@ -160,8 +160,8 @@ share)
   J="--eval_size all --eval_every 5 --jobs 2 --threads 1 --lr 5e-5 --seeds 8 --steps 60"
   FIVE=grpo,grpo-filter,d3s,d3s-entropy,d3s-random-nonzero
   $BENCH --model tiny $J --methods $FIVE --budget seconds --out out/study/share-tiny
-  $BENCH --model tiny-fork $J --methods $FIVE --out out/study/share-tiny-fork
   $BENCH --model tiny-fork $J --methods ${FIVE%,*} --budget seconds --out out/study/share-tiny-fork
+  $BENCH --model tiny-fork $J --methods $FIVE --out out/study/share-tiny-fork  # results.json: all 5
   for world in tiny tiny-fork; do
     $BENCH --model $world $J --methods d3s-random,d1s-cross-random --out out/study/share-$world-twins
   done
