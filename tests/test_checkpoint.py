@@ -70,6 +70,17 @@ def stop_and_resume(tmp_path, tiny_dir, monkeypatch, name, when, stop=KeyboardIn
     return trained(run_dir), stopped_at, run_dir
 
 
+def signal_at(proc, step, sig):
+    """Read a train.py process's lines up to its line for `step`, then send it sig: those lines."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {step:4d} "):
+            proc.send_signal(sig)
+            break
+    return lines
+
+
 def same_run(got, want):
     (rows_a, hist_a, w_a), (rows_b, hist_b, w_b) = got, want
     assert rows_a == rows_b  # every step once, with the same numbers
@@ -410,12 +421,7 @@ def test_real_processes_sigterm_saves_and_exits_143_bad_input_is_one_line(tmp_pa
                              "--save_every", "1000", "--eval_every", "0", "--eval_size", "4", "--prompts_per_step", "2",
                              "--group_size", "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
-    lines = []
-    for line in proc.stdout:  # wait for two step lines, then send what a scheduler sends
-        lines.append(line)
-        if line.startswith("step    1 "):
-            proc.send_signal(signal.SIGTERM)
-            break
+    lines = signal_at(proc, 1, signal.SIGTERM)  # two step lines, then what a scheduler sends
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, lines + [rest]
     assert "checkpoint saved after step" in rest and f"python train.py --resume {out}" in rest
@@ -737,12 +743,7 @@ def test_a_signal_with_stderr_closed_still_saves_and_exits_130(tmp_path, tiny_di
     proc = train_process(small_run(tmp_path / "run", tiny_dir, 50), stderr=write)
     os.close(write)
     os.close(read)  # nobody reads stderr any more
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step    2 "):
-            proc.send_signal(signal.SIGINT)
-            break
+    lines = signal_at(proc, 2, signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, lines + [rest]
     step = torch.load(tmp_path / "run" / "checkpoint" / "trainer.pt", weights_only=False)["step"]
@@ -767,10 +768,7 @@ def fsync(path):  # the interrupt's own save: a second SIGTERM
 checkpoint.fsync = fsync
 """
     proc = train_process(argv, hook)
-    for line in proc.stdout:
-        if line.startswith("step    0 "):
-            proc.send_signal(signal.SIGTERM)
-            break
+    signal_at(proc, 0, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, (out, err)
     quit_line = err.strip().splitlines()[-1]
