@@ -167,6 +167,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from machinery import config
+from experiments.share import scale  # generation scaled to a share of the step
 import d3s
 from machinery import plots
 from machinery import tiny
@@ -723,7 +724,7 @@ def generation_scale(grpo_runs, share):
         return 1.0
     g, u = (statistics.mean(statistics.mean(s[t] for s in r["steps"]) for r in grpo_runs)
             for t in ("t_gen", "t_upd"))
-    return share * u / ((1 - share) * g)
+    return scale(share, g, u)
 
 
 def read_plan(path, steps):
