@@ -125,7 +125,7 @@ def draw_seed():
 # the sampler, shared by both engines
 
 BLOCK = 128  # [ours] tokens per block of the two-level inverse CDF
-CHUNK_VALUES = 2 ** 22  # [ours] on a CPU, rows x V per pass: a chunk's float32 temporaries (16 MB)
+CHUNK_VALUES = 2 ** 20  # [ours] on a CPU, rows x V per pass: a chunk's float32 temporaries (4 MB)
                         # stay in the cache, where the (256, 151,936) ones went to memory each time
 FLOOR = -200.0  # a -inf logit becomes this: exp() is 0 in float32 from -104 on, and 0 * FLOOR is
                 # 0 where 0 * -inf would be NaN in the entropy's sum
@@ -164,10 +164,11 @@ def _draw(z, u, temperature):
     if V % BLOCK:
         d = F.pad(d, (0, -V % BLOCK), value=FLOOR)  # (c, nb * BLOCK)
     e = d.exp()  # (c, nb * BLOCK) exp(z - max z): the probabilities times Z
-    total = e.sum(dim=-1)  # (c,) Z
-    entropy = total.log() - d.mul_(e).sum(dim=-1) / total  # (c,) log Z - E[z - max z]
     blocks = e.view(c, -1, BLOCK)  # (c, nb, BLOCK)
-    mass = F.pad(blocks.sum(dim=-1).double().cumsum(dim=-1), (1, 0))  # (c, nb + 1) before block j
+    sums = blocks.sum(dim=-1)  # (c, nb) float32
+    total = sums.sum(dim=-1)  # (c,) Z
+    entropy = total.log() - d.mul_(e).sum(dim=-1) / total  # (c,) log Z - E[z - max z]
+    mass = F.pad(sums.double().cumsum(dim=-1), (1, 0))  # (c, nb + 1) the mass before block j
     target = u * mass[:, -1]  # (c,) in [0, Z): u never reaches 1
     j = torch.searchsorted(mass[:, 1:].contiguous(), target[:, None], side="right")
     j = j.clamp_(max=blocks.shape[1] - 1)  # (c, 1) the block whose mass first exceeds the target
@@ -219,7 +220,8 @@ def check_finite(first, first_row):
 
 # How the decode step is compiled: "auto" on a GPU only (torch.compile with CUDA graphs, as
 # gpt-fast), "off" never, or a torch.compile backend ("eager", "aot_eager") on any device: the tests
-# trace it on a CPU. [ours] Nothing is compiled on a CPU by default: it was not faster there.
+# trace it on a CPU. [ours] Nothing is compiled on a CPU by default: with "inductor" there, the step
+# of experiments/bench_decode.py's real world took 200 s to compile and decoded 2.5x slower.
 COMPILE = "auto"
 BUCKET = 64  # [ours] compiled: prompt widths rounded up to a multiple of this, and never below the
              # kept cache's, so a run compiles a few times, not once per width (more left
