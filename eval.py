@@ -315,8 +315,9 @@ def run(args):
     splits = {b: data.describe(b, "test", data_dir=args.data_dir) for b in benchmarks}
 
     from machinery import model as models  # imported here: it pulls in transformers' model classes
-    model, tokenizer = models.load_model(args.model, device=args.device, dtype=args.dtype)
-    device, weights = next(model.parameters()).device, next(model.parameters()).dtype
+    device = models.resolve_device(args.device)  # named once: a CUDA one with its index
+    # in train.py's dtype for the same checkpoint (a LoRA checkpoint's base: models.load_dtype)
+    model, tokenizer = models.load_model(args.model, device=device, dtype=args.dtype)
     out = args.out or default_out(args.model)
     table_path = os.path.splitext(out)[0] + ".json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
@@ -324,7 +325,7 @@ def run(args):
                 for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit", "seed",
                           "batch_size", "dtype")}
     cast = models.autocast_dtype(device, args.dtype)  # the dtype forward passes run in, or None
-    print(f"model {args.model} | {device} {weights}{f' + {cast} autocast' if cast else ''} | "
+    print(f"model {args.model} | {device} {model.dtype}{f' + {cast} autocast' if cast else ''} | "
           f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}",
           flush=True)
     for b, rows in benchmarks.items():

@@ -145,12 +145,12 @@ def train(cfg, log=print, given=None):
 
             # 4. sample level: the max-variance subset, not re-normalised; the rest never go on
             idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator)
-            kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
+            kept, adv_kept = rollouts.select(idx.to(model.device)), adv_kept.to(model.device)
             valid = kept.completion_mask  # (N, T)
             token_mask, scores, updates, minibatches = torch.zeros_like(valid), None, [], []
             if len(idx) and (cfg.beta > 0 or bool((adv_kept != 0).any())):  # [ours] else grad = 0
                 # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
-                minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
+                minibatches = [micro_batches(kept, rows.to(model.device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
                 with fb:  # (a lower --micro_batch_size re-splits `minibatches` in place)
                     old_logp, entropy = run.fit("no_grad", lambda: entropy_and_old_logp(

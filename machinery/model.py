@@ -14,7 +14,8 @@ The argument is read in this order: "tiny"; an existing folder; a short name fro
 
 --dtype means the same in train.py and eval.py, through the helpers below:
 
-    model, tok = load_model(name, device, weight_dtype(dtype, device, lora))
+    device = resolve_device("cuda")              # cuda:N: a CUDA device always with its index
+    model, tok = load_model(name, device, dtype, lora=lora)  # weights in load_dtype(...)
     with autocast(device, dtype):                 # bf16 or float16 forward passes where they help
         ...generate, score, evaluate...
     scaler = grad_scaler(optimizer, device, dtype)  # float16 only: the gradient scaler
@@ -88,20 +89,21 @@ def hub_id(name):
     return None
 
 
-def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=False):
+def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=None):
     """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in
     `dtype`.
 
-    device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
-    dtype: --dtype, the weights in weight_dtype(dtype, device, lora): "auto" and "float16" float32
-    (run forward passes inside autocast(device, dtype) for speed on a GPU) unless lora: the frozen
-    base of LoRA adapters on a GPU in the autocast dtype; "float32", "bfloat16" or a torch.dtype as
-    is. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
+    device: resolve_device's ("auto", "cpu", "cuda", "cuda:1", ...). dtype: --dtype; the weights
+    in load_dtype(...): "auto" and "float16" float32 (run forward passes inside autocast(device,
+    dtype) for speed on a GPU), but the frozen base of LoRA adapters on a GPU in the autocast
+    dtype; "float32", "bfloat16" or a torch.dtype as is. lora: will adapters sit on these weights
+    (train.py: --lora_rank > 0)? None (eval.py): as the folder says. cache_dir: where "tiny"
+    builds its model folder (cache_dir/tiny).
     """
     # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
     hf_logging.disable_progress_bar()
-    device = _device(device)
-    dtype = weight_dtype(dtype, device, lora)
+    device = resolve_device(device)
+    dtype = load_dtype(name_or_path, device, dtype, lora, cache_dir)
     source, is_folder = _resolve(str(name_or_path), cache_dir)
     if is_folder and os.path.isfile(os.path.join(source, ADAPTERS)):
         return _load_adapters(source, device, dtype, cache_dir)
@@ -118,6 +120,17 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=
         # comparing with the pad id, so padding with EOS is harmless.
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
+
+
+def load_dtype(name_or_path, device="auto", dtype="auto", lora=None, cache_dir="out"):
+    """The dtype load_model loads name_or_path's weights in, for train.py and eval.py alike:
+    weight_dtype(dtype, device, lora), where lora None means "as the folder is": a LoRA checkpoint's
+    base stays under its adapters (its autocast dtype on a GPU, as the run that trained it held it),
+    and lora=False that they are merged into a base that trains (float32)."""
+    if lora is None:
+        source, is_folder = _resolve(str(name_or_path), cache_dir)
+        lora = is_folder and os.path.isfile(os.path.join(source, ADAPTERS))
+    return weight_dtype(dtype, resolve_device(device), lora)
 
 
 def _resolve(name, cache_dir):
@@ -159,18 +172,36 @@ def _hub_failure(hub, why):
             f"--model DIR)")
 
 
-def _device(device):
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def as_device(device):
+    """A torch.device of a device string, a torch.device or a CUDA index (torch.device(0) names
+    the current accelerator, and there is none in a CPU build of torch)."""
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def resolve_device(device="auto"):
+    """The torch.device of --device: "auto" (cuda if there is one, else cpu), "cpu", "cuda",
+    "cuda:1", a torch.device or a CUDA index. A CUDA device always comes with its index ("cuda" is
+    the current one, cuda:N): torch.cuda's functions refuse one without
+    (get_per_process_memory_fraction), so the run names its device once, here. One that is not
+    there is a one-line ValueError."""
+    if isinstance(device, str) and device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(device)
+        device = as_device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r} is not a torch device; "
                          f"use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; "
                          f"use --device cpu or auto")
-    return device
+    index, count = (torch.cuda.current_device() if device.index is None else device.index,
+                    torch.cuda.device_count())
+    if index >= count:
+        raise ValueError(f"device={str(device)!r} but torch sees {count} CUDA GPU(s), cuda:0 to "
+                         f"cuda:{count - 1}; pass one of them")
+    return torch.device("cuda", index)
 
 
 def disable_dropout(model):
@@ -308,7 +339,7 @@ def weight_dtype(dtype, device=None, lora=False):
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     if dtype in ("auto", "float16"):
-        if lora and device is not None and torch.device(device).type == "cuda":
+        if lora and device is not None and as_device(device).type == "cuda":
             return autocast_dtype(device, dtype)
         return torch.float32
     return DTYPES[dtype]
@@ -327,7 +358,7 @@ def autocast_dtype(device, dtype, capability=None):
     "auto" on a CUDA device, bf16 with bf16 hardware (bf16_capable), else float16. capability: the
     device's (major, minor); None asks torch for the requested device's (torch.device("cuda") is the
     current one), so that tests can decide without a GPU."""
-    device = torch.device(device)
+    device = as_device(device)
     if dtype == "float16":
         return torch.float16
     if dtype != "auto" or device.type != "cuda":
@@ -348,7 +379,7 @@ def autocast(device, dtype):
     cast = autocast_dtype(device, dtype)
     if cast is None:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=cast)
+    return torch.autocast(as_device(device).type, dtype=cast)
 
 
 def grad_scaler(optimizer, device, dtype):
@@ -358,7 +389,7 @@ def grad_scaler(optimizer, device, dtype):
     gradient overflowed to inf or NaN is skipped and the scale halved (torch's AMP recipe; bf16 has
     float32's exponent and needs none). [ours] The scale rides in the optimizer's state_dict, so
     trainer.pt holds it and a resumed run continues with the same scale."""
-    device = torch.device(device)
+    device = as_device(device)
     scaler = torch.amp.GradScaler(device.type,
                                   enabled=autocast_dtype(device, dtype) == torch.float16)
     if scaler.is_enabled():

@@ -38,6 +38,7 @@ import d3s
 from machinery import checkpoint, config, memory, plots, tiny
 from machinery.data import describe, format_prompt
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
+from machinery.model import resolve_device
 from machinery.sampling import NonFiniteLogits
 from machinery.stops import Stop
 from rollout import Piece
@@ -113,8 +114,7 @@ class Run:
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
             self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
-        self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
-                       else cfg.device)
+        self.device = resolve_device(cfg.device)  # named once: a CUDA one with its index
 
     def begin(self, model, tokenizer, optimizer, train_set, eval_set):
         """The values, the device, the data and the model are accepted, and now wandb: only then is
