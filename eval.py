@@ -155,8 +155,8 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
                                            max_new_tokens, temperature=temperature, top_p=top_p,
                                            batch_size=batch_size, cache=cache, first_row=done * n,
                                            seed=seed if own_sampler else None, stop=stop)
-            except torch.OutOfMemoryError:
-                if not halve:
+            except RuntimeError as e:  # torch's out of memory, or a CUDA library's (memory.py)
+                if not (halve and memory.is_out_of_memory(e)):
                     raise
                 rollouts = None  # out of the except first: its traceback holds the batch's tensors
             if rollouts is None:  # out of memory: this batch again, with less
@@ -166,8 +166,7 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
                 if not lower:
                     raise torch.OutOfMemoryError(f"{desc}: out of memory with --batch_size 1")
                 cache, batch_size = lower.get("generation", cache), lower["gen_batch_size"]
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                torch.cuda.empty_cache()  # the failed batch's blocks (a no-op while CUDA is unused)
                 tqdm.write(f"{desc}: out of memory: " + ", ".join(
                     f"{'--batch_size' if k == 'gen_batch_size' else 'cache'} {now[k]} -> {v}"
                     for k, v in lower.items()) + ", the batch redone", file=sys.stderr)

@@ -207,7 +207,8 @@ class Run:
 
     def fit(self, kind, fn, split=None):
         """fn() in the memory there is, for a pass of `kind` (PASSES), fn reading its settings from
-        cfg at each call. Out of memory lowers, in cfg, what bears on that pass (memory.halve: whole
+        cfg at each call. Out of memory (memory.is_out_of_memory: torch's error, or a CUDA
+        library's failed allocation) lowers, in cfg, what bears on that pass (memory.halve: whole
         groups of generation, then the plain cache; the micro-batch, then the log-prob chunk, then
         gradient checkpointing), so every later pass uses it too: `split`, the step's mini-batches,
         is re-split in place at a new micro-batch size. One line says so, config.json and
@@ -221,11 +222,11 @@ class Run:
             try:
                 out = fn()
                 break
-            except torch.OutOfMemoryError:
-                pass  # out of the except first: its traceback holds the failed call's tensors
+            except RuntimeError as e:  # out of the except first: its traceback holds the tensors
+                if not memory.is_out_of_memory(e):
+                    raise
             self.model.zero_grad(set_to_none=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the failed pass's blocks (a no-op while CUDA is unused)
             self._lower(kind, split)
         self._check()
         return out
@@ -317,7 +318,7 @@ class Run:
                                   f"start a new run with a lower --lr "
                                   f"(from --model {self.cfg.out_dir}/checkpoint "
                                   f"if its weights are still sound)") from None
-            if kind is not None and issubclass(kind, torch.OutOfMemoryError):
+            if kind is not None and memory.is_out_of_memory(error):
                 # the failed step's tensors go before anything else is tried
                 traceback.clear_frames(tb)
                 raise config.Stop(self._out_of_memory()) from None
