@@ -106,7 +106,7 @@ def train(cfg, log=print, given=None):
         ref_model = reference_model(model, cfg, device)  # the KL term's frozen initial model
         run.size(model, tokenizer, train_set, eval_set)  # on a GPU, "auto": machinery/memory.py
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         disable_dropout(model).train()  # [ours] no dropout: the ratio compares the policy to itself
         optimizer = make_optimizer(model, cfg)
         scaler = grad_scaler(optimizer, device, cfg.dtype)  # float16's gradient scaler, else off

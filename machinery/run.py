@@ -253,7 +253,7 @@ class Run:
             setattr(cfg, k, v)
         self._write_config()
         if lower.get("gradient_checkpointing"):
-            self.model.gradient_checkpointing_enable()  # as train.py turns it on
+            self.model.activation_checkpointing_enable()  # as train.py turns it on
         size = lower.get("micro_batch_size")
         for mb in (split or []) if size else []:  # in place: the caller's lists go on
             mb[:] = [Piece(p.rows[i:i + size], p.input_ids[i:i + size],
