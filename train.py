@@ -200,19 +200,19 @@ def minibatch_rows(n, cfg, generator):
 
 def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
     """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None (no entropy
-    without a token score), from the policy that sampled, in as few passes as possible:
+    without a token score), from the policy that sampled, at step 7's arithmetic whatever the
+    memory knobs (a halving keeps step 6's tokens), in as few passes as possible:
       K > 1                   one no-grad forward gives both, on step 7's micro-batches; logp_old
                               only for mini-batches 2..K (the first takes logp_old = logp itself)
       K = 1, one micro-batch  no logp_old (the ratio is 1); the entropy from the gradient forward
                               itself, which runs now and is kept on the piece for step 7
-      K = 1, several          [ours] the entropy recorded while sampling (machinery/sampling.py)"""
+      K = 1, several          [ours] the entropy from a no-grad forward (not the sampler's)"""
     select, valid, K = token_mode not in ("none", "random"), kept.completion_mask, len(minibatches)
     parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
-    if K == 1 and (not select or len(parts) > 1):
-        return None, kept.entropy if select else None
+    grad = K == 1 and len(parts) == 1  # the gradient forward of step 7, done now
     logp, entropy = (torch.zeros(valid.shape, device=valid.device) for _ in range(2))
     for p in parts:
-        with ctx(), torch.set_grad_enabled(K == 1):
+        with ctx(), torch.set_grad_enabled(grad):
             hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
             with torch.no_grad():
                 lp, ent = head_logprobs(model, hidden, p.input_ids[:, p.start:],
@@ -221,8 +221,8 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
         logp[p.rows, :p.width] = lp
         if select:
             entropy[p.rows, :p.width] = ent
-        if K == 1:
-            p.hidden = hidden  # the gradient forward of step 7, already done
+        if grad:
+            p.hidden = hidden
     return (logp if K > 1 else None), (entropy if select else None)
 
 
