@@ -340,7 +340,7 @@ def pin_of(folder):
     """[ours] A local model folder's content, as "sha256:HEX" of its config and weight files (names
     and bytes): a LoRA checkpoint records its base's, and every load checks it, because a folder can
     change under the adapters (a run folder's checkpoint, resumed or overwritten) and adapters on
-    other weights load without an error. Hashing reads the weights once more (about a second a GB);
+    other weights load without an error. Hashing reads the weights once more, at each load;
     a hub id is not pinned."""
     digest = hashlib.sha256()
     for name in sorted(os.listdir(folder)):
