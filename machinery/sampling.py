@@ -39,8 +39,8 @@ an 8-bit mantissa), so a token can flip now and then, and the rest of that rollo
 
 [ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
 distribution it samples from, softmax(logits / T) over the full vocabulary (Sampler): the step line
-logs it, and when the kept rollouts need several micro-batches it is the entropy of token selection
-(step 6), so no extra full-vocabulary forward pass is needed. The cached decode computes the same
+logs it (token selection takes the entropy of a training forward instead: step 5 of train.py, so
+that its arithmetic never changes with the memory knobs). The cached decode computes the same
 function as the training forward in another order of floating-point operations; on the tiny model
 the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it). Under
 bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16, and its logits
