@@ -99,9 +99,9 @@ def test_final_answers_stop_past_the_limit():
 
 
 # -----------------------------------------------------------------------------
-# The classes of answers found paid, or refused, against the rules; every row was graded the
-# other way by the grader this replaced (experiments of its own aside, FOUND's rows are the ones
-# a reviewer wrote against it). Each row: (completion, reference, reward, outcome).
+# The classes of answers found paid, or refused, against the rules. Each row: (completion,
+# reference, reward, outcome). The grader this replaced gave every row another reward but the nine
+# marked "kept" (two of them 0 as "wrong", not as a hedge).
 
 FOUND = [
     # 1. boxes that disagree are a hedge, whatever stands between them
@@ -123,10 +123,11 @@ FOUND = [
     # 2. nested boxes: every box counts, the outer one read with the inner unwrapped
     (r"\boxed{\boxed{5} \text{ or } 6}", "5", 0.0, "hedge"),
     (r"\boxed{\text{not } \boxed{5}}", "5", 0.0, "hedge"),
-    (r"\boxed{\boxed{5} - 1}", "4", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} - 1}", "4", 0.0, "hedge"),               # kept: 0, then as "wrong"
     (r"\boxed{6 \boxed{5}}", "5", 0.0, "hedge"),
     (r"\fbox{\boxed{5} or 6}", "5", 0.0, "hedge"),
-    (r"\boxed{\boxed{5} \text{ is wrong; } 6}", "6", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} \text{ is wrong; } 6}", "5", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} \text{ is wrong; } 6}", "6", 0.0, "hedge"),  # kept: 0, then "wrong"
     # 3. a word that is no unit makes a box no value (not a unit dropped)
     (r"\boxed{6 \text{ doubled}}", "6", 0.0, "wrong"),
     (r"\boxed{6 \text{ halved}}", "6", 0.0, "wrong"),
@@ -162,7 +163,7 @@ FOUND = [
     # 5. digits apart are one number only as thousands groups; numbers side by side are no value
     (r"\boxed{12 34}", "1234", 0.0, "wrong"),
     (r"\boxed{12\,34}", "1234", 0.0, "wrong"),
-    (r"\boxed{12~34}", "1234", 0.0, "wrong"),
+    (r"\boxed{12~34}", "1234", 0.0, "wrong"),                    # kept
     (r"\boxed{5 \quad 6}", "11", 0.0, "wrong"),
     (r"\boxed{(5)(6)}", "11", 0.0, "wrong"),
     (r"\boxed{2(3)}", "5", 0.0, "wrong"),
@@ -172,15 +173,15 @@ FOUND = [
     ("\\boxed{6}\n\nNote that \\boxed\nwas used.", "6", 1.0, "correct"),
     (r"\boxed{6} and later \boxed{~}", "6", 1.0, "correct"),
     (r"\boxed{6} and later \boxed{\quad}", "6", 1.0, "correct"),
-    (r"\boxed{6} and later \boxed{\phantom{6}}", "6", 1.0, "correct"),
+    (r"\boxed{6} and later \boxed{\phantom{6}}", "6", 1.0, "correct"),  # kept
     ("#### **18**\n", "18", 1.0, "correct"),
     ("#### *18*\n", "18", 1.0, "correct"),
     ("#### __18__\n", "18", 1.0, "correct"),
-    (r"\boxed{1\,000}", "1000", 1.0, "correct"),               # thousands groups
-    (r"\boxed{1 000 000}", "1000000", 1.0, "correct"),
-    (r"\boxed{\boxed{5}}", "5", 1.0, "correct"),                # boxes that agree
-    (r"\boxed{5} and so \boxed{5.0}", "5", 1.0, "correct"),
-    (r"\boxed{\frac{1}{2}}, i.e. \boxed{0.5}", "0.5", 1.0, "correct"),
+    (r"\boxed{1\,000}", "1000", 1.0, "correct"),               # kept: thousands groups
+    (r"\boxed{1 000 000}", "1000000", 1.0, "correct"),          # kept
+    (r"\boxed{\boxed{5}}", "5", 1.0, "correct"),                # kept: boxes that agree
+    (r"\boxed{5} and so \boxed{5.0}", "5", 1.0, "correct"),     # kept
+    (r"\boxed{\frac{1}{2}}, i.e. \boxed{0.5}", "0.5", 1.0, "correct"),  # kept
 ]
 
 
@@ -802,6 +803,10 @@ ADVERSARIAL = {
     "many equal values": r"\boxed{" + ", ".join(["x+1", "1+x"] * 20) + "}",
     "many plus-minus": r"\boxed{1" + r" \pm 1" * 40 + "}",
     "a long #### line": "#### " + "3 or " * 50_000,
+    # the three slow inputs found: seconds each, spent backtracking in two regular expressions
+    "spaces in a \\text{ between boxes": "\\boxed{5}\\text{" + " " * 400 + "\\boxed{6}",
+    "newlines in a \\text{ between boxes": "\\boxed{5}\\text{" + "\n" * 300 + "\\boxed{6}",
+    "spaces after a caret": "\\boxed{^" + " " * 20_000 + "}",
 }
 
 
