@@ -1,6 +1,7 @@
 """Tests for reward.py and machinery/grader.py: reading boxes, the final answers, one value per box,
 grading (hand-written tables, real GSM8K / MATH-500 references and solutions, adversarial
 completions), linear time, and the batch scorer."""
+import importlib
 import json
 import multiprocessing
 import random
@@ -968,12 +969,11 @@ def test_fuzz_never_raises_and_never_hangs(monkeypatch):
 # Linear time, by construction: no regular expression of reward.py or the grader nests or chains
 # unbounded repeats, and each one, and grade itself, is fed long runs of one character
 
-try:  # Python 3.11+; 3.10 has the same module under its old name
-    import re._constants as _re_constants
-    import re._parser as _re_parser
+try:  # re's own parser: re._parser from Python 3.11, sre_parse before
+    _re_parser = importlib.import_module("re._parser")
 except ImportError:
-    import sre_constants as _re_constants
-    import sre_parse as _re_parser
+    _re_parser = importlib.import_module("sre_parse")
+_re_constants = _re_parser  # it re-exports the opcodes: MAX_REPEAT, SUBPATTERN, BRANCH, ...
 
 _REPEATS = {_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT}
 
