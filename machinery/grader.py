@@ -259,7 +259,7 @@ def read(s, reference=False):
         return None  # words that are no unit, or too big to read safely
     try:
         latex, shape = _Grammar(t).read()
-    except _NotAValue:
+    except (_NotAValue, RecursionError):  # a value nests 12 deep at most (_too_risky)
         return None
     return Value("math", None, latex.replace("%", "\\%"), shape, key)
 
@@ -466,7 +466,7 @@ class _Grammar:
     5). read() returns (the latex of the value, its shape)."""
 
     def __init__(self, t):
-        self.t, self.i, self.bars = t, 0, 0
+        self.t, self.i, self.bars, self.words = t, 0, 0, set()  # words: \begin{pmatrix}'s letters
         self.tokens = [(m[0], m.start(), m.end()) for m in _TOKEN.finditer(t)]
 
     def peek(self):
@@ -483,7 +483,7 @@ class _Grammar:
         items, shapes = [], []
         while True:
             shape, first = self.item()
-            items.append(self.t[self.tokens[first][1]:self.tokens[self.i - 1][2]])
+            items.append(self._latex(first, self.i))
             shapes.append(shape)
             if self.peek() != ",":
                 break
@@ -493,6 +493,21 @@ class _Grammar:
         if len(items) > 1 or any(tok[0] in ("\\pm", "\\mp") for tok in self.tokens):
             return ", ".join(items), "list"
         return items[0], shapes[0]
+
+    def _latex(self, first, last):
+        """The text of tokens[first:last] with a space between two letters side by side: we read
+        `inf` and `pct` as products of letters, and so must math-verify (alone, it reads them as
+        \\infty and %)."""
+        out, pos = [], self.tokens[first][1]
+        for k in range(first, last):
+            token, start, end = self.tokens[k]
+            out.append(self.t[pos:start])
+            if k > first and start == pos and token.isalpha() and len(token) == 1 and (
+                    self.tokens[k - 1][0].isalpha()) and k not in self.words:
+                out.append(" ")
+            out.append(self.t[start:end])
+            pos = end
+        return "".join(out)
 
     def item(self):
         """(shape, index of the value's first token)."""
@@ -651,9 +666,10 @@ class _Grammar:
 
     def matrix(self):
         self.take("{")
-        env = ""
+        env, start = "", self.i
         while self.peek() not in ("}", None):
             env += self.take()
+        self.words.update(range(start, self.i))
         self.take("}")
         if env not in _MATRICES:
             raise _NotAValue()
@@ -661,8 +677,10 @@ class _Grammar:
         while self.take("&", "\\\\", "\\end") != "\\end":
             self.setexpr()
         self.take("{")
+        start = self.i
         for c in env:
             self.take(c)
+        self.words.update(range(start, self.i))
         self.take("}")
         return "other"
 

@@ -161,6 +161,8 @@ FOUND = [
     (r"\boxed{x^2 + y^2 = 13}", "13", 0.0, "wrong"),            # an equation is no number
     (r"\boxed{5 \ldots 6}", "11", 0.0, "wrong"),
     (r"\boxed{5'6}", "56", 0.0, "wrong"),
+    (r"\boxed{6 inf}", r"\infty", 0.0, "wrong"),                 # letters are letters: i n f
+    (r"\boxed{5 pct}", "0.05", 0.0, "wrong"),
     # 5. digits apart are one number only as thousands groups; numbers side by side are no value
     (r"\boxed{12 34}", "1234", 0.0, "wrong"),
     (r"\boxed{12\,34}", "1234", 0.0, "wrong"),
