@@ -157,8 +157,8 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
                                            batch_size=batch_size, engine=engine,
                                            first_row=done * n,
                                            seed=seed if own_sampler else None, stop=stop)
-            except torch.OutOfMemoryError:
-                if not halve:
+            except RuntimeError as e:  # torch's out of memory, or a CUDA library's (memory.py)
+                if not (halve and memory.is_out_of_memory(e)):
                     raise
                 rollouts = None  # out of the except first: its traceback holds the batch's tensors
             if rollouts is None:  # out of memory: this batch again, with less
@@ -166,8 +166,7 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
                                      min(batch_size, len(chunk) * n))
                 if not lower:
                     raise torch.OutOfMemoryError(f"{desc}: out of memory with --batch_size 1")
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                torch.cuda.empty_cache()  # the failed batch's blocks (a no-op while CUDA is unused)
                 tqdm.write(f"{desc}: out of memory: --batch_size {batch_size} -> "
                            f"{lower['gen_batch_size']}, the batch redone", file=sys.stderr)
                 batch_size = lower["gen_batch_size"]
@@ -315,8 +314,9 @@ def run(args):
     splits = {b: data.describe(b, "test", data_dir=args.data_dir) for b in benchmarks}
 
     from machinery import model as models  # imported here: it pulls in transformers' model classes
-    model, tokenizer = models.load_model(args.model, device=args.device, dtype=args.dtype)
-    device, weights = next(model.parameters()).device, next(model.parameters()).dtype
+    device = models.resolve_device(args.device)  # named once: a CUDA one with its index
+    # in train.py's dtype for the same checkpoint (a LoRA checkpoint's base: models.load_dtype)
+    model, tokenizer = models.load_model(args.model, device=device, dtype=args.dtype)
     out = args.out or default_out(args.model)
     table_path = os.path.splitext(out)[0] + ".json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
@@ -324,7 +324,7 @@ def run(args):
                 for k in ("model", "n", "temperature", "top_p", "max_new_tokens", "limit", "seed",
                           "batch_size", "dtype")}
     cast = models.autocast_dtype(device, args.dtype)  # the dtype forward passes run in, or None
-    print(f"model {args.model} | {device} {weights}{f' + {cast} autocast' if cast else ''} | "
+    print(f"model {args.model} | {device} {model.dtype}{f' + {cast} autocast' if cast else ''} | "
           f"n {args.n} | temperature {args.temperature} | max_new_tokens {args.max_new_tokens}",
           flush=True)
     for b, rows in benchmarks.items():

@@ -106,7 +106,7 @@ def train(cfg, log=print, given=None):
         ref_model = reference_model(model, cfg, device)  # the KL term's frozen initial model
         run.size(model, tokenizer, train_set, eval_set)  # on a GPU, "auto": machinery/memory.py
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         disable_dropout(model).train()  # [ours] no dropout: the ratio compares the policy to itself
         optimizer = make_optimizer(model, cfg)
         scaler = grad_scaler(optimizer, device, cfg.dtype)  # float16's gradient scaler, else off
@@ -145,12 +145,12 @@ def train(cfg, log=print, given=None):
 
             # 4. sample level: the max-variance subset, not re-normalised; the rest never go on
             idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator)
-            kept, adv_kept = rollouts.select(idx.to(device)), adv_kept.to(device)
+            kept, adv_kept = rollouts.select(idx.to(model.device)), adv_kept.to(model.device)
             valid = kept.completion_mask  # (N, T)
             token_mask, scores, updates, minibatches = torch.zeros_like(valid), None, [], []
             if len(idx) and (cfg.beta > 0 or bool((adv_kept != 0).any())):  # [ours] else grad = 0
                 # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
-                minibatches = [micro_batches(kept, rows.to(device), cfg.micro_batch_size)
+                minibatches = [micro_batches(kept, rows.to(model.device), cfg.micro_batch_size)
                                for rows in minibatch_rows(len(idx), cfg, generator)]
                 with fb:  # (a lower --micro_batch_size re-splits `minibatches` in place)
                     old_logp, entropy = run.fit("no_grad", lambda: entropy_and_old_logp(
@@ -200,19 +200,19 @@ def minibatch_rows(n, cfg, generator):
 
 def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
     """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None (no entropy
-    without a token score), from the policy that sampled, in as few passes as possible:
+    without a token score), from the policy that sampled, at step 7's arithmetic whatever the
+    memory knobs (a halving keeps step 6's tokens), in as few passes as possible:
       K > 1                   one no-grad forward gives both, on step 7's micro-batches; logp_old
                               only for mini-batches 2..K (the first takes logp_old = logp itself)
       K = 1, one micro-batch  no logp_old (the ratio is 1); the entropy from the gradient forward
                               itself, which runs now and is kept on the piece for step 7
-      K = 1, several          [ours] the entropy recorded while sampling (machinery/sampling.py)"""
+      K = 1, several          [ours] the entropy from a no-grad forward (not the sampler's)"""
     select, valid, K = token_mode not in ("none", "random"), kept.completion_mask, len(minibatches)
     parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
-    if K == 1 and (not select or len(parts) > 1):
-        return None, kept.entropy if select else None
+    grad = K == 1 and len(parts) == 1  # the gradient forward of step 7, done now
     logp, entropy = (torch.zeros(valid.shape, device=valid.device) for _ in range(2))
     for p in parts:
-        with ctx(), torch.set_grad_enabled(K == 1):
+        with ctx(), torch.set_grad_enabled(grad):
             hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
             with torch.no_grad():
                 lp, ent = head_logprobs(model, hidden, p.input_ids[:, p.start:],
@@ -221,8 +221,8 @@ def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
         logp[p.rows, :p.width] = lp
         if select:
             entropy[p.rows, :p.width] = ent
-        if K == 1:
-            p.hidden = hidden  # the gradient forward of step 7, already done
+        if grad:
+            p.hidden = hidden
     return (logp if K > 1 else None), (entropy if select else None)
 
 

@@ -79,7 +79,9 @@ def build_model(args):
 
 
 def resolved_device(device):
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    """--device as the run names it: "cpu", or a CUDA device with its index ("cuda:0")."""
+    from machinery.model import resolve_device
+    return str(resolve_device(device))
 
 
 def median_after_first(xs):
@@ -87,8 +89,11 @@ def median_after_first(xs):
 
 
 def peak_memory(device):
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**30
+    """GiB: the peak GPU memory allocated on a CUDA device, else the process's peak RSS."""
+    from machinery.model import resolve_device
+    device = resolve_device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: kilobytes
 
 # -----------------------------------------------------------------------------
@@ -299,7 +304,7 @@ def main(argv=None):
         with open(result) as f:
             results.append(json.load(f))
     rows = summarize(results)
-    memory = "GPU" if results[0]["device"] == "cuda" else "RSS"
+    memory = "GPU" if results[0]["device"].startswith("cuda") else "RSS"
     table = format_table(rows, memory)
     command = "python experiments/bench_speed.py " + " ".join(argv)
     print(table)

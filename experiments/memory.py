@@ -357,7 +357,7 @@ def measure(tokenizer, data_dir, log=print):
         for layers in layer_counts:
             model = build(layers, shape)
             if checkpointing:
-                model.gradient_checkpointing_enable()  # as train.py turns it on
+                model.activation_checkpointing_enable()  # as train.py turns it on
             for rows in row_counts:
                 got[layers, rows] = measure_update(model, rows, P, T, 64, 4096)
         return got

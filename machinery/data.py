@@ -63,7 +63,7 @@ import random
 import re
 from pathlib import Path
 
-from reward import last_boxed
+from machinery.grader import last_boxed
 
 # -----------------------------------------------------------------------------
 # Where each data set lives: (name, split) -> (local file under data_dir, hub id, hub config,
@@ -402,7 +402,7 @@ def _answer(value, solution=False):
     - a number: AMC's 45.0 -> "45"
     - GSM8K's worked answer: the text after the last '####', thousands commas dropped ("1,080" ->
       "1080") [ours]
-    - a worked solution (MATH, Minerva): the last \\boxed{...}, read by reward.last_boxed
+    - a worked solution (MATH, Minerva): the last \\boxed{...}, read by grader.last_boxed
     - then the $...$ math delimiters are dropped (OlympiadBench writes "$\\frac{1}{2}$"), keeping
       an escaped \\$ (MATH-500's "\\$18.90"), so the grader sees the bare expression.
     """

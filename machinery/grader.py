@@ -1,22 +1,27 @@
 r"""
-Is a final answer equal to the reference? reward.py's grade asks judge(answer, reference); the
-rules and their examples are in docs/grading.md.
+Is a completion's final answer equal to the reference? reward.py reads the answers a completion
+writes (boxes(), or its #### lines) and asks judge(answers, reference); the rules, with examples,
+are docs/grading.md.
 
-    judge(answer, reference)   -> "hedge" (more values than the reference) or compare's outcome
-    compare(answer, reference) -> "correct" | "wrong" | "timeout" | "error"
-    values(answer)                the values an answer offers: "5 or 6" two, "(5, 6)" one
-    canonical(s)                  a spelling-insensitive form of a LaTeX answer (no spaces, no $)
+    boxes(text)                every \boxed{} / \fbox{} of a text, nested ones too, as spans
+    last_boxed(text)           the content of the last box (machinery/data.py reads MATH's
+                               references with it)
+    judge(answers, reference)  "hedge" when the answers are not all one value, else compare's
+    compare(answer, reference) "correct" | "wrong" | "timeout" | "error"
+    read(s)                    what an answer is worth, or None when it is not one value
+    canonical(s)               a spelling-insensitive form (no spaces, no $, no \text{} wrapper)
 
-Grading has two paths. Most answers (all of GSM8K, half of MATH) are plain numbers, compared as
-exact fractions in pure Python, in microseconds (_as_number, _numbers_equal), words after the
-number included [ours]: a unit is dropped, a scale word multiplies, any other word may be
-mathematics and makes the answer no plain number. Everything else goes through math-verify, which
-parses both sides into sympy, with its own unit stripping off (it dropped single letters and any
-trailing \text{}); _for_sympy drops a trailing unit by our rule instead. sympy can run for seconds
-or forever on a hostile input (`2^{2^{40}}`), and a grader inside an RL loop sees hostile inputs,
-so that path has two fences: long, deeply nested or huge-number answers compare as strings
-(_too_risky), and on the main thread a wall-clock deadline stops it (_with_deadline); math-verify's
-own timeouts use whole-second signal.alarm, which raises off the main thread, so they are off.
+[ours], all of it: the paper does not grade answers. An answer is one value or it is worth
+nothing: a plain number (exact, as a Fraction, in microseconds), a text answer (a name, a letter),
+or a math expression that our own small grammar accepts (_Grammar), which math-verify then
+compares. The grammar is the guard: math-verify reads `5 \wedge 6` as 6, `12 34` as 46 and
+`x^2+y^2=13` as 13, because its job is to find some value in any text; ours is to refuse whatever
+is not one value. Words count only from explicit lists (UNITS, SCALES). No regular expression here
+has nested or adjacent unbounded repeats, so each runs in linear time on any input (a test checks
+every one); sympy can still run for seconds or forever on a hostile value (`2^{2^{40}}`), so that
+path has two fences: long, deep or huge values are compared as strings only (_too_risky), and on
+the main thread a wall-clock deadline stops it (_with_deadline); math-verify's own timeouts use
+whole-second signal.alarm, which raises off the main thread, so they are off.
 """
 import logging
 import re
@@ -24,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections import namedtuple
 from fractions import Fraction
 
 from math_verify import (ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig,
@@ -35,229 +41,386 @@ from math_verify import (ExprExtractionConfig, LatexExtractionConfig, LatexNorma
 REL_TOL = 1e-6            # a rounded decimal = a fraction when |a - b| <= REL_TOL * max(|a|, |b|)
 MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53
 MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only
+MAX_SPELLINGS = 8         # more different spellings in one completion's boxes: a hedge
 DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison
 RETRY_S = 0.02            # after the deadline, the alarm repeats this often until it lands
-# [ours], all five: the paper does not grade answers.
 
 # We enforce our own time limits (see _with_deadline); math-verify's warnings that its own are
 # off, and its per-timeout warnings, would only repeat that on every call.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
+# -----------------------------------------------------------------------------
+# Boxes: one pass over the text
+
+_BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|\\.|[{}]", re.S)  # not `\boxedsymbol`
+_BLANKS = re.compile(r"[ \t]*")
+_BARE = re.compile(r"[^\s${}]+")  # `\boxed 5`: up to whitespace, `$` or a brace
+
+
+def boxes(text):
+    """The content spans (start, end) of every box in text, in the order the boxes open, nested
+    ones included; None when a box never closes (a completion cut off mid-answer). A brace-less
+    box (`\\boxed 5`) holds what follows up to whitespace, `$` or a brace; `\\boxed` with nothing
+    after it on its line is no box (the command named in prose), except at the end of the text,
+    where it is a box that never closed. Escaped braces (`\\{`) neither open nor close a box."""
+    spans, open_at, depth = [], [], 0  # open_at: (brace depth outside the box, content start)
+    for m in _BOX_TOKEN.finditer(text):
+        token = m[0]
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if open_at and depth == open_at[-1][0]:
+                spans.append((open_at.pop()[1], m.start()))
+        elif len(token) > 2:  # \boxed or \fbox; every other escape is two characters
+            j = _BLANKS.match(text, m.end()).end()
+            if j == len(text):
+                return None  # `\boxed` and then the end: cut off
+            if text[j] == "{":
+                open_at.append((depth, j + 1))
+            elif bare := _BARE.match(text, j):
+                spans.append((j, bare.end()))
+    if open_at:
+        return None
+    return sorted(spans)
+
+
+def last_boxed(text):
+    """The content of the last box to open in text, or None when there is none or a box never
+    closes."""
+    spans = boxes(text)
+    return text[slice(*spans[-1])] if spans else None
+
+# -----------------------------------------------------------------------------
+# Judging: all answers one value, then that value against the reference
+
+
+def judge(answers, reference):
+    """The outcome for a completion whose final answer is written as `answers` (its distinct
+    spellings, the last one last): "hedge" when they are not all one value (more than
+    MAX_SPELLINGS of them, or two that differ), else compare(answers[-1], reference). Telling
+    spellings apart gets half of DEADLINE_S of math-verify in all; what it cannot decide in that
+    time counts as different."""
+    if len(answers) > MAX_SPELLINGS:
+        return "hedge"
+    last, end = read(answers[-1]), time.monotonic() + DEADLINE_S / 2
+    for other in answers[:-1]:
+        if last is None or not _equal_within(read(other), last, end - time.monotonic()):
+            return "hedge"
+    return compare(answers[-1], reference)
+
 
 def compare(answer, reference):
-    """The outcome of comparing an extracted answer with a reference (both non-empty str):
-    "correct", "wrong", "timeout" (math-verify ran out of time) or "error" (math-verify failed)."""
-    ok = _plain_equal(answer, reference)
-    if ok is None and (_too_risky(answer) or _too_risky(reference)):
-        ok = False  # only the string comparison above, which failed
-    elif ok is None:
-        try:
-            ok = _symbolic_equal(answer, reference)
-        except _OutOfTime:
-            return "timeout"
-        except Exception:
-            # math-verify catches its own errors; this is for whatever it lets through (a
-            # RecursionError in sympy, say). An answer we cannot compare is not a right answer.
-            return "error"
-    return "correct" if ok else "wrong"
+    """The outcome of comparing an answer with a reference (both non-empty str): "correct",
+    "wrong", "timeout" (math-verify ran out of time) or "error" (math-verify failed). The same
+    spelling is always correct; else an answer that is not one value is wrong."""
+    if canonical(answer) == canonical(reference):
+        return "correct"
+    a, b = read(answer), read(reference, reference=True)
+    if a is None or b is None:
+        return "wrong"
+    if a.kind == b.kind == "number":
+        ok = _numbers_equal(a.number, b.number) or _percent_written_bare(a, b)
+        return "correct" if ok else "wrong"
+    try:
+        return "correct" if _equal(a, b, DEADLINE_S) else "wrong"
+    except _OutOfTime:
+        return "timeout"
+    except Exception:
+        # math-verify catches its own errors; this is for whatever it lets through (a
+        # RecursionError in sympy, say). An answer we cannot compare is not a right answer.
+        return "error"
 
 
-def judge(answer, reference):
-    """compare for a final answer, or "hedge" when it offers more different values than the
-    reference does (values, distinct): "5 or 6" against 5 or against 6. Values the answer repeats
-    count once and are compared once ("5 \\text{ or } 5.0" is 5); telling symbolic values apart
-    gets half of DEADLINE_S, so that it and the comparison after it stay within a second."""
-    if _too_risky(answer):
-        return compare(answer, reference)  # compared as a string: only the reference's own passes
-    offered, limit = values(answer), len(values(reference))
-    if len(offered) > limit:
-        offered = distinct(offered, limit, DEADLINE_S / 2)
-        if len(offered) > limit:
-            return "hedge"
-        answer = ", ".join(offered)
-    return compare(answer, reference)
+def _equal(a, b, seconds):
+    """Two read values equal? Numbers exactly, text by its key, the rest through math-verify (within
+    `seconds`), and only values of one shape: a list never equals a tuple or one value, an equation
+    only an equation."""
+    if a.kind == b.kind == "number":
+        return _numbers_equal(a.number, b.number)
+    if "text" in (a.kind, b.kind):
+        return a.key == b.key
+    if a.shape != b.shape or _too_risky(a.latex) or _too_risky(b.latex):
+        return False
+    return _symbolic_equal(a.latex, b.latex, seconds)
 
 
-def _plain_equal(answer, reference):
-    """compare's fast path, with no sympy: True or False for two plain numbers, True for two equal
-    spellings, else None (math-verify decides)."""
-    a, b = _as_number(answer), _as_number(reference)
-    if a is not None and b is not None:
-        return _numbers_equal(a, b) or _percent_written_bare(answer, reference, a, b)
-    return True if canonical(answer) == canonical(reference) else None
+def _equal_within(a, b, seconds):
+    """_equal for two of a completion's own answers; False when either is no value, or when
+    math-verify cannot decide within `seconds`."""
+    if a is None or b is None:
+        return False
+    asks_math_verify = "text" not in (a.kind, b.kind) and not a.kind == b.kind == "number"
+    if asks_math_verify and seconds <= 0:
+        return False
+    try:
+        return _equal(a, b, seconds)
+    except (_OutOfTime, Exception):
+        return False
+
+# -----------------------------------------------------------------------------
+# Reading an answer: what one value it holds, or None
+
+Value = namedtuple("Value", "kind number latex shape key")
+# kind: "number" (number: (Fraction, written with decimals, written with %)), "text" or "math";
+# latex: what math-verify compares; shape: "one", "list" (solutions: a, b or \{a, b\} or a \pm b),
+# "interval" (a bracketed pair, an interval, an inequality) or "equation"; key: the text key.
+
+# Explicit lists [ours]. A unit after a value is dropped; a scale word multiplies a plain number;
+# any other word makes an answer no value. Single letters are never units: x, e, i, m are as
+# often symbols. "sec" and "min" right after a number cannot be the functions.
+UNITS = frozenset("""
+    dollar dollars cent cents usd mm cm dm km ft yd mi inch inches foot feet yard yards mile miles
+    meter meters metre metres centimeter centimeters millimeter millimeters kilometer kilometers
+    square sq cubic cu mg kg lb lbs oz gram grams kilogram kilograms pound pounds ounce ounces ton
+    tons ml liter liters litre litres gallon gallons gal quart quarts qt pint pints cup cups cc
+    sec secs second seconds min mins minute minutes hr hrs hour hours day days wk wks week weeks
+    month months yr yrs year years mph kph kmh deg degree degrees rad radian radians unit units
+    per""".split())
+SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
+          "trillion": 10 ** 12, "dozen": 12, "percent": Fraction(1, 100)}  # % is "percent"
+_RATE_LETTERS = frozenset("m s g h l".split())  # in a rate only (m/s, km/h): a letter over a unit
+
+_SPACE = re.compile(r"\s+")
+# _NOISE and _SPACING first take a row break `\\` whole (and keep it): in `1 \\ 2` there is no `\ `
+_NOISE = re.compile(r"(\\\\)|\\(?:left|right)(?![A-Za-z])\.?|\\displaystyle|\\!"
+                    r"|\\phantom ?\{[^{}]*\}")  # \phantom{2}: space the size of a 2
+_SPACING = re.compile(r"(\\\\)|\\(?:[,;: ]|q?quad(?![A-Za-z]))|~")
+_THOUSANDS_GAP = re.compile(r",\\! ?(?=\d{3}(?!\d))")  # 1,\!000 and 11,\! 111
+_DEGREE = re.compile(r"\^ ?(?:\\circ|\{ ?\\circ ?\})")  # after _SPACE: one space at most
+_TEXT = re.compile(r"\\(?:text(?:rm|bf|it|normal|up)?|mbox|mathrm) ?\{([^{}]*)\}")
+_AND_OR = re.compile(r"(?<![A-Za-z\\])(?i:and|or)(?![A-Za-z])")
+_COMMAS = re.compile(r", ?(?:, ?)+")
+_GAP = re.compile(r" (?!\d)|(?<!\d) ")  # a space, unless between two digits: 12 34 is not 1234
+_BOX_CMD = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_UNICODE = {"−": "-", "×": "\\times ", "÷": "\\div ", "π": "\\pi ", "∞": "\\infty ",
+            "≤": "\\le ", "≥": "\\ge ", "°": "^\\circ", "\\$": "", "$": "", "\\%": "%", "{,}": ","}
+_ALIASES = {"\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom"}
+
+
+def canonical(s):
+    """A spelling-insensitive form of an answer, for an exact-string check and for telling a
+    completion's spellings apart: spaces, $, spacing commands, \\left/\\right, \\dfrac and the
+    \\text{} wrapper make no difference. An empty box is one whose canonical form is empty."""
+    return _GAP.sub("", _TEXT.sub(r"\1", _normalize(s))).replace("{}", "")
+
+
+def _normalize(s):
+    s = _SPACE.sub(" ", s)
+    for old, new in _UNICODE.items():
+        s = s.replace(old, new)
+    s = _NOISE.sub(lambda m: m[1] or "", _THOUSANDS_GAP.sub(",", s))
+    s = _SPACING.sub(lambda m: m[1] or " ", s)
+    for old, new in _ALIASES.items():
+        s = s.replace(old, new)
+    s = _DEGREE.sub("°", s)
+    return _SPACE.sub(" ", s).strip().rstrip(".").strip()
+
+
+def _strip_braces(s):
+    """s without braces around all of it: {{5}} is 5."""
+    while s.startswith("{") and s.endswith("}") and _closes_last(s):
+        s = s[1:-1].strip()
+    return s
+
+
+def _closes_last(s):
+    depth = 0
+    for i, c in enumerate(s):
+        depth += (c == "{") - (c == "}")
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
+def read(s, reference=False):
+    """What the answer s is worth, a Value, or None when s is not one value (docs/grading.md):
+    an empty or over-long string, a word that is neither a unit nor a scale word, a spelling our
+    grammar does not accept (`5 \\wedge 6`, `12 34`, `5 = 6`). reference: [ours] the data set's
+    own answer is trusted, so its last \\text{} of words is dropped whatever the words are (MATH's
+    `575\\text{ students}` is 575); a completion's words must be units."""
+    if len(s) > MAX_SYMBOLIC_CHARS:
+        return None
+    t = _strip_braces(_BOX_CMD.sub("", _normalize(s)))
+    if not t:
+        return None
+    key = _TEXT.sub(r"\1", t).lower()
+    key = "".join(c for c in key if c not in " (){}[].")
+    if _TEXT.search(t) and not any(c.isdigit() for c in t) and not _TEXT.sub("", t).strip(" (),"):
+        return Value("text", None, None, "one", key)  # \text{Evelyn}, (\text{E}), \text{even}
+    t = _COMMAS.sub(", ", _AND_OR.sub(",", _TEXT.sub(_text_piece, t))).strip(", ")
+    if reference and (m := _LAST_TEXT.search(t)) and t[:m.start()].strip() and not any(
+            w.lower() in SCALES for w in re.findall(r"[A-Za-z]+", m[1])):
+        t = t[:m.start()].strip()
+    t = _strip_units(_TRIG_DEGREES.sub(r"\1(\2\\pi/180)", t).replace("°", " "))  # a unit
+    if number := _as_number(t):
+        return Value("number", number, _as_latex(number[0]), "one", key)
+    if _TEXT.search(t) or _too_risky(t):
+        return None  # words that are no unit, or too big to read safely
+    try:
+        latex, shape = _Grammar(t).read()
+    except (_NotAValue, RecursionError):  # a value nests 12 deep at most (_too_risky)
+        return None
+    return Value("math", None, latex.replace("%", "\\%"), shape, key)
+
+
+def _text_piece(m):
+    """A \\text{} inside an answer: "and"/"or" join a list (a comma), one letter is that letter
+    (\\mathrm{i} is i), one without letters is what it holds (\\text{13}); words stay boxed."""
+    inner = m[1].strip(" ,")
+    if inner.lower() in ("", "and", "or"):
+        return ","
+    if len(inner) == 1 and inner.isalpha() or not any(c.isalpha() for c in inner):
+        return f" {inner} "
+    return m[0]
+
+
+# The last \text{} of words, and an exponent after it (45 \text{ units}^2)
+_LAST_TEXT = re.compile(r"\\(?:text(?:rm|bf|it|normal|up)?|mbox|mathrm) ?\{([^{}]*)\}"
+                        r"(?: ?\^ ?(?:\d|\{\d\}))?$")
+# The last piece of an answer: a \text{} or a bare word, with an exponent (cm^2)
+_TAIL = re.compile(r"(?:\\(?:text(?:rm|bf|it|normal|up)?|mbox|mathrm) ?\{([^{}]*)\}"
+                   r"|(?<![\\A-Za-z])([A-Za-z]+)\.?)(?: ?\^ ?(?:\d|\{\d\}))? ?$")
+# An angle in degrees as a trigonometric function's argument, which sympy would read in radians:
+# \sin 30^\circ is \sin(30\pi/180).
+_TRIG_DEGREES = re.compile(r"(\\(?:sin|cos|tan|cot|sec|csc) ?\(? ?)(\d+(?:\.\d+)?) ?°")
+
+
+def _strip_units(t):
+    """t without the units at its end, as long as something is left: 15 \\text{ cm}^2 is 15,
+    8\\sqrt{3} \\text{ square inches} is 8\\sqrt{3}."""
+    while (m := _TAIL.search(t)) and t[:m.start()].strip():
+        words = (m[2] if m[1] is None else m[1]).replace(" /", "/").replace("/ ", "/").split()
+        if not words or not all(_is_unit(w) for w in words):
+            break
+        t = t[:m.start()].strip()
+    return t
+
+
+def _is_unit(word):
+    w = word.lower().rstrip(".")
+    if "/" in w:
+        return all(p in UNITS or p in _RATE_LETTERS for p in w.split("/"))
+    return w in UNITS
 
 # -----------------------------------------------------------------------------
 # Plain numbers: exact fractions, no sympy
 
-# Wrappers that never change a value: math mode, spacing commands, \left/\right, \displaystyle.
-_NOISE = re.compile(r"\\[!,;: ]|\\left|\\right|\\displaystyle|\$")
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
-# A text box is unwrapped into its words, with a space on either side, so that `3\text{i}` reads as
-# "3 i" (a number and a letter) and `\text{18 dollars}` as "18 dollars"; what the words are worth is
-# decided word by word below. Nothing is dropped here.
-_TEXT_BOX = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf)\s*\{([^{}]*)\}")
-
-# Words after a number [ours], each one of: a scale word, an exact multiplier right after the
-# number (1.5 million = 1500000; not "k": a letter is as often a variable); a unit or a noun,
-# dropped (18 dollars = 18, 15 cm^2 = 15); anything else, which may be mathematics: then the answer
-# is no plain number and math-verify decides (2 \mathrm{i}, 2 pi, 2 xy are not 2). A unit is a
-# listed abbreviation (_UNITS) or a word of four letters or more that names no mathematics
-# (_MATH_WORDS, _FUNCTION_OF). Single letters and other short words (xy, ab) are not units: a false
-# negative on an unlisted short unit (7 pm, 5 m), never a false positive on a symbol.
-_SCALES = {"hundred": 100, "thousand": 10 ** 3, "million": 10 ** 6, "billion": 10 ** 9,
-           "trillion": 10 ** 12, "dozen": 12, "percent": Fraction(1, 100)}  # % is "percent"
-# "sec" and "min" are seconds and minutes here: right after a number, with no argument, they cannot
-# be the functions. "per" and "of" join unit words (5 miles per hour, 3 cups of flour).
-_UNITS = frozenset(
-    "mm cm dm km in ft yd mi mg kg lb lbs oz ml cl dl gal qt pt cc ms sec secs min mins "
-    "hr hrs wk wks yr yrs mph kph kmh sq cu deg rad usd per of".split())
-_MATH_WORDS = frozenset(  # words of four letters or more that name mathematics, not a thing counted
-    "alpha beta gamma delta epsilon varepsilon zeta theta vartheta iota kappa lambda sigma upsilon "
-    "varphi omega omicron infty infinity sqrt frac cdot times sine cosine tangent "
-    "half halves third thirds quarter quarters fourth fourths fifth fifths sixth sixths seventh "
-    "sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth thousandths "
-    "millionth millionths billionth billionths squared cubed factorial".split())
-_SI_LETTERS = frozenset("m s g h l".split())  # metre, second, gram, hour, litre: in a rate only
-# A function name, alone or applied to one letter: sin, sinh, arcsin, sinx, cosh, logx, lnx, sqrtx.
-_FUNCTION_OF = re.compile(
-    r"(?:arc)?(?:sin|cos|tan|cot|sec|csc)h?[a-z]?|(?:log|ln|lg|exp|sqrt)[a-z]?")
+# The forms of a plain number, each matched at the start of the answer (after an optional "x ="
+# and a sign), then words: scale words, then units. Digits grouped by spaces are one number only as
+# thousands groups (1 000 000); 12 34 is no number.
+_INT = r"\d{1,3}(?:,\d{3})+(?!\d)|\d{1,3}(?: \d{3})+(?![\d/])|\d+"
+_ASSIGN = re.compile(r"[A-Za-z] ?= ?")
+_SIGN = re.compile(r"([+-]?) ?")
+_DECIMAL = re.compile(rf"({_INT})(\.\d*)?|\.\d+")  # 18, 1,000, 1 000, 18.50, 5., .5
+_TIMES_TEN = re.compile(r"[eE]([+-]?\d{1,3})(?![\d.])| ?(?:\\times|\\cdot) ?10 ?\^ ?"
+                        r"(?:\{ ?([+-]?\d{1,3}) ?\}|(\d))")  # 1e9, 6.02\times10^{23}
+_SLASH = re.compile(r" ?/ ?(\d+)")  # 3/4 once 3 is read
+_FRAC = re.compile(r"\\frac ?(?:\{ ?([+-]?(?:\d{1,3}(?:,\d{3})+|\d+)) ?\}|(\d)) ?"
+                   r"(?:\{ ?(\d{1,3}(?:,\d{3})+|\d+) ?\}|(\d))")  # \frac{12}{5,525}
+_BASE = re.compile(r"_ ?(?:\d|\{ ?\d+ ?\})")  # 52_8 [ours]: the digits, as MATH means them
+_MIXED = re.compile(r"(?<!\d)(\d+) ?(?: (\d+) ?/ ?(\d+)|\\frac ?(?:\{ ?(\d+) ?\}|(\d)) ?"
+                    r"(?:\{ ?(\d+) ?\}|(\d)))")  # 3 1/2, 3\frac{1}{2}
+_ORDINAL = re.compile(r" ?(st|nd|rd|th)\b")  # 5th = 5; 5rd is no ordinal
 
 
-def _scale(word):
-    """The multiplier a scale word stands for (million: 10^6, millions too), else None."""
-    w = word.lower()
-    return _SCALES.get(w) or _SCALES.get(w[:-1] if w.endswith("s") else w)
+def _as_number(t):
+    """(exact value as a Fraction, written with decimals, written with %) when t is a plain
+    number, else None: an integer, a decimal (1.5e3 too), a/b, \\frac{a}{b}, a mixed number (3
+    1/2 = 7/2, as GSM8K and MATH write them) or an ordinal (5th), after an optional "x =" and
+    sign, followed only by scale words and then units. A few microseconds, no sympy."""
+    if len(t) > 60:
+        return None  # no plain number is this long; also keeps int() below its digit limit
+    t = _TEXT.sub(r" \1 ", t).replace("%", " percent ").strip()
+    i = m.end() if (m := _ASSIGN.match(t)) else 0
+    sign = _SIGN.match(t, i)
+    i, negative, decimals = sign.end(), sign[1] == "-", False
+    if m := _MIXED.match(t, i):
+        whole, num, den = (int(x) for x in m.groups() if x is not None)
+        if not 0 < num < den:
+            return None  # "3 4/2" is no mixed number we know
+        value = whole + Fraction(num, den)
+    elif m := _FRAC.match(t, i):
+        num, den = (int(x.replace(",", "")) for x in m.groups() if x is not None)
+        if den == 0:
+            return None
+        value = Fraction(num, den)
+    elif m := _DECIMAL.match(t, i):
+        value = Fraction(m[0].replace(",", "").replace(" ", ""))
+        decimals = "." in m[0] and not m[0].endswith(".")
+        if e := _TIMES_TEN.match(t, m.end()):
+            value *= Fraction(10) ** int(e[1] or e[2] or e[3])
+            m = e
+        elif s := _SLASH.match(t, m.end()):
+            if int(s[1]) == 0:
+                return None
+            value, m = value / int(s[1]), s
+        elif (o := _ORDINAL.match(t, m.end())) and o[1] == _ordinal_suffix(value):
+            m = o
+        elif b := _BASE.match(t, m.end()):
+            m = b
+    else:
+        return None
+    factor = _words_factor(t[m.end():])
+    if factor is None:
+        return None
+    percent = "percent" in t[m.end():].lower()
+    return (-value if negative else value) * factor, decimals, percent
 
 
-def _is_unit(word):
-    """True when a word after a number is a unit or a noun, to be dropped; see above. A rate (m/s,
-    km/h, dollars/hour) is one when each part is a unit or one of _SI_LETTERS: alone a letter is a
-    variable, but a letter over a letter written after a number is a unit."""
-    w = word.lower()
-    if "/" in w:
-        return all(_is_unit(part) or part in _SI_LETTERS for part in re.split(r"\s*/\s*", w))
-    if _scale(w):
-        return False  # a multiplier, never dropped
-    if w in _UNITS:
-        return True
-    return len(w) >= 4 and w not in _MATH_WORDS and not _FUNCTION_OF.fullmatch(w)
-
-
-# cm, sq., cm^2, cm^{2}, m/s
-_WORD = re.compile(r"([A-Za-z]+(?:\s*/\s*[A-Za-z]+)*)\.?(\s*\^\s*(?:\d|\{\s*\d\s*\}))?")
+def _ordinal_suffix(q):
+    n = int(q)
+    return "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def _words_factor(words):
-    """What the words after a number multiply it by (a Fraction), or None when one may be math.
-
-    A scale word multiplies only before any unit; after one it is part of the unit ("5 dollars per
-    dozen" is 5). An exponent belongs to a unit only ("15 cm^2" is 15; "5 million^2" we do not
-    read)."""
+    """What the words after a number multiply it by (a Fraction), or None when one is neither a
+    scale word nor a unit. A scale word multiplies only before any unit ("5 dollars per dozen" is
+    5); an exponent belongs to a unit only (15 cm^2 is 15; 2^3 is no plain number)."""
     factor, seen_unit = Fraction(1), False
-    for word, power in _WORD.findall(words):
-        if _scale(word) and not seen_unit and not power:
-            factor *= _scale(word)
-        elif _is_unit(word) or (_scale(word) and seen_unit):
+    for word in words.replace("^ ", "^").split():
+        word, _, power = word.partition("^")
+        if power and power.strip("{}") not in ("1", "2", "3"):
+            return None
+        scale = SCALES.get(word.lower()) or SCALES.get(word.lower()[:-1])  # millions too
+        if scale and power:
+            return None  # 5 million^2
+        if scale and not seen_unit:
+            factor *= scale
+        elif _is_unit(word) or scale:
             seen_unit = True
         else:
             return None
     return factor
 
 
-_PLAIN = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"  # 18, 1,000, 18.50, 5., .5
-_SIGNED = r"(?:[A-Za-z]\w*\s*=\s*)?([+-]?)\s*"  # an optional "x =", then the sign
-# Words after the number, separated by spaces (a space before the first is optional: 15cm). Two
-# words always need a space between them, so a run of letters is one word and the pattern never
-# backtracks into splitting it. An exponent belongs to a word only: "2^3" is no plain number
-# (math-verify makes it 8).
-_W = r"[A-Za-z]+(?:\s*/\s*[A-Za-z]+)*\.?(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?"
-_WORDS = rf"((?:\s*{_W}(?:\s+{_W})*)?)\s*\.?"
-# Scientific notation: 1e9, 1.5e3, 6.02\times10^{23}; exponents of up to three digits.
-_TIMES_TEN = (r"(?:[eE]([+-]?\d{1,3})"
-              r"|\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,3})\s*\}|(\d)))?")
-_FRAC = r"\\[dt]?frac\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))\s*(?:\{{\s*({sign}\d+)\s*\}}|(\d))"
-# The forms of a plain number. In each, group 1 is the sign and the last group the words after it.
-_AS_NUMBER = re.compile(rf"{_SIGNED}({_PLAIN}){_TIMES_TEN}{_WORDS}")        # 18, -1,000.5, 1e3
-_AS_SLASH = re.compile(rf"{_SIGNED}({_PLAIN})\s*/\s*({_PLAIN}){_WORDS}")     # 3/4, 1.5/2
-_AS_FRAC = re.compile(rf"{_SIGNED}{_FRAC.format(sign='[+-]?')}{_WORDS}")     # \frac{3}{4}, \frac34
-# [ours] A mixed number: a whole number, then a proper fraction of positive integers, with a space
-# before a/b (3 1/2) and none needed before \frac (3\frac{1}{2}, as MATH writes it). It means
-# 3 + 1/2 = 7/2, as in GSM8K's and MATH's solutions; a plain-number answer has no other reading.
-_AS_MIXED = re.compile(
-    rf"{_SIGNED}(\d+)(?:\s+(\d+)/(\d+)|\s*{_FRAC.format(sign='')}){_WORDS}")
-_DECIMALS = re.compile(r"\.\d")  # "0.5", ".5"; not "5." (an integer with a full stop)
-_ORDINAL = re.compile(r"(\d+)\s*(st|nd|rd|th)")  # 5th = 5; 5rd is no ordinal
-
-
-def _as_number(s):
-    """(exact value as a Fraction, written with decimals) when s is a plain number, else None.
-
-    A plain number: an integer, a decimal (1.5e3 too), a/b, \\frac{a}{b}, a mixed number or an
-    ordinal (5th), with $, commas, degrees and "x =" allowed, and after it only scale words and
-    units (see _words_factor); % is the scale word "percent", 1/100. This is the fast path: no
-    sympy, a few microseconds."""
-    if len(s) > 60:
-        return None  # no plain number is this long; also keeps int() below its digit limit
-    s = _NOISE.sub("", s.replace("\\$", "").replace("\\%", "%")).replace("{,}", ",")
-    s = _TEXT_BOX.sub(r" \1 ", _DEGREES.sub("", s.replace("%", " percent "))).strip()
-    s = re.sub(r",\s+(?=\d{3}\b)", ",", s)  # "11, 111, 100" once `\!` is gone
-    if (m := _ORDINAL.fullmatch(s)) and m[2] == _ordinal_suffix(int(m[1])):
-        s = m[1]
-    if m := _AS_MIXED.fullmatch(s):
-        whole, num, den = (int(x) for x in m.groups()[1:-1] if x is not None)
-        if not 0 < num < den:
-            return None  # "3 4/2" is no mixed number we know; math-verify decides
-        value, decimals = whole + Fraction(num, den), False
-    elif m := _AS_NUMBER.fullmatch(s):
-        value, decimals = Fraction(m[2].replace(",", "")), _DECIMALS.search(m[2]) is not None
-        value *= Fraction(10) ** int(m[3] or m[4] or m[5] or 0)
-    elif m := _AS_SLASH.fullmatch(s) or _AS_FRAC.fullmatch(s):
-        num, den = (x.replace(",", "") for x in m.groups()[1:-1] if x is not None)
-        if Fraction(den) == 0:
-            return None
-        value = Fraction(num) / Fraction(den)
-        decimals = any(_DECIMALS.search(x) for x in (num, den))
-    else:
-        return None
-    factor = _words_factor(m.groups()[-1])
-    if factor is None:
-        return None
-    return (-value if m[1] == "-" else value) * factor, decimals
-
-
-def _ordinal_suffix(n):
-    return "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+def _as_latex(q):
+    return str(q.numerator) if q.denominator == 1 else f"\\frac{{{q.numerator}}}{{{q.denominator}}}"
 
 
 def _numbers_equal(a, b):
-    """Two plain numbers from _as_number, each (value, written with decimals), compared.
-
-    Exactly, as fractions: integers (1000001 is not 1000000), exact decimals (0.1 = 1/10, 18.50 =
-    18.5) and fractions of integers. [ours] The one exception: a number written with decimals
-    against a fraction that has no finite decimal expansion (1/3, 2/7: a denominator with a prime
-    factor other than 2 and 5). That decimal can only be a rounding, so it is equal within the
-    relative tolerance REL_TOL (0.3333333 = 1/3, 0.3333 is not). Two decimals never get the
-    tolerance: each is exactly what it says.
-    """
-    (x, x_decimal), (y, y_decimal) = a, b
+    """Two plain numbers from _as_number compared exactly, as fractions: integers (1000001 is not
+    1000000), exact decimals (0.1 = 1/10) and fractions. [ours] The one exception: a number written
+    with decimals against a fraction with no finite decimal expansion (1/3, 2/7) can only be a
+    rounding, so it is equal within REL_TOL (0.3333333 = 1/3, 0.3333 is not). Two decimals never
+    get the tolerance: each is exactly what it says."""
+    (x, x_decimal, _), (y, y_decimal, _) = a, b
     if x == y:
         return True
     rounded = (x_decimal and not _terminates(y)) or (y_decimal and not _terminates(x))
     return rounded and abs(x - y) <= REL_TOL * max(abs(x), abs(y))
 
 
-_PERCENT = re.compile(r"%|\bpercents?\b", re.IGNORECASE)
-
-
-def _percent_written_bare(answer, reference, a, b):
+def _percent_written_bare(a, b):
     """[ours] True for a bare number x against p% (either way round) when x = p and |x| > 1: data
-    sets write "50" for "50%", and a model may too. a and b are the two sides' _as_number, in which
-    p% is already p/100 (50% = 0.5). Not for |x| <= 1, where the bare number may as well be the
-    fraction itself: 0.5% is not 0.5."""
-    if bool(_PERCENT.search(answer)) == bool(_PERCENT.search(reference)):
+    sets write "50" for "50%", and a model may too. In p% the value is already p/100. Not for
+    |x| <= 1, where the bare number may as well be the fraction itself: 0.5% is not 0.5."""
+    (x, x_dec, x_pct), (p, p_dec, p_pct) = a.number, b.number
+    if x_pct == p_pct:
         return False
-    (x, x_decimal), (p, p_decimal) = (b, a) if _PERCENT.search(answer) else (a, b)
-    return abs(x) > 1 and _numbers_equal((x, x_decimal), (p * 100, p_decimal))
+    if x_pct:
+        (x, x_dec), (p, p_dec) = (p, p_dec), (x, x_dec)
+    return abs(x) > 1 and _numbers_equal((x, x_dec, False), (p * 100, p_dec, False))
 
 
 def _terminates(q):
@@ -268,93 +431,280 @@ def _terminates(q):
             d //= p
     return d == 1
 
-
-def canonical(s):
-    """A spelling-insensitive form of a LaTeX answer, for a cheap exact-string check (and for
-    reward.extract_answer, an empty box is one whose canonical form is empty)."""
-    s = _NOISE.sub("", s.replace("\\$", ""))
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = _DEGREES.sub("", s)
-    s = re.sub(r"\\(?:text|mbox|textbf|mathrm)\s*\{([^{}]*)\}", r"\1", s)
-    return re.sub(r"\s+", "", s).rstrip(".")
-
 # -----------------------------------------------------------------------------
-# How many values an answer offers
-
-# [ours] The values of an answer are its parts between separators: the words "or" and "and"
-# (inside a \text{} too, and anywhere: "5 (or 6)" is two values), and at the top level (outside
-# (), [], {}, \{\} and \begin...\end) a comma (not one inside a number: 1,080 and 1,\! 080 are
-# one), ;, \\, \lor, \vee and \mid. A value with \pm or \mp is two, a+b and a-b.
-_TOKEN = re.compile(r"\\\\|\\[{}]|\\[A-Za-z]+|\\.|[A-Za-z]+|[(\[{]|[)\]}]|[,;]")
-_OPEN, _CLOSE = ("(", "[", "{", "\\{", "\\begin"), (")", "]", "}", "\\}", "\\end")
-_SEPARATORS = (",", ";", "\\\\", "\\lor", "\\vee", "\\mid")
-_TEXT_SEPARATOR = re.compile(r"[,;]|\b(?:or|and)\b", re.IGNORECASE)
-_THOUSANDS = re.compile(r"(?:\s*\\!\s*)?\d{3}(?!\d)")  # after "1,"
-_PLUS_MINUS = re.compile(r"\\(pm|mp)(?![A-Za-z])")
+# The grammar of one value [ours]: what math-verify may compare
 
 
-def values(s):
-    """The values an answer offers (see above), each a non-empty string: values("5 \\text{ or }
-    5.0") is ["5", "5.0"], values("(3, 4)") is ["(3, 4)"], values("\\pm 2") is ["+ 2", "- 2"]."""
-    t = _TEXT_BOX.sub(lambda m: f" {m[1]} " if _TEXT_SEPARATOR.search(m[1]) else m[0], s)
-    parts, depth, start = [], 0, 0
-    for m in _TOKEN.finditer(t):
-        w = m[0].lower()
-        depth += (w in _OPEN) - (w in _CLOSE)
-        if w in ("or", "and") or depth <= 0 and w in _SEPARATORS and not (
-                w == "," and t[m.start() - 1:m.start()].isdigit() and _THOUSANDS.match(t, m.end())):
-            parts.append(t[start:m.start()])
-            start = m.end()
-    parts = [p.strip() for p in parts + [t[start:]] if canonical(p)] or [s.strip()]
-    return [v for p in parts for v in _plus_minus(p)]
+class _NotAValue(Exception):
+    pass
 
 
-def _plus_minus(value):
-    """[value], or the two values it stands for when it holds \\pm or \\mp: a+b and a-b."""
-    if not _PLUS_MINUS.search(value):
-        return [value]
-    return [_PLUS_MINUS.sub(lambda m: signs[m[1] == "mp"], value) for signs in ("+-", "-+")]
+_TOKEN = re.compile(r"\d+(?:\.\d+)?|\.\d+|\\[A-Za-z]+|\\.|\S")
+_GREEK = frozenset(
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi "
+    "rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi "
+    "Omega".split())
+_FUNCTIONS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp"
+                       .split())
+_RELATIONS = frozenset("= < > \\le \\leq \\ge \\geq \\lt \\gt \\leqslant \\geqslant \\in".split())
+_ADD = frozenset("+ - \\pm \\mp".split())
+_MUL = frozenset("* / \\cdot \\times \\div".split())
+_SET_OPS = frozenset("\\cup \\cap \\setminus".split())
+_CLOSERS = {"(": (")", "]"), "[": (")", "]"), "{": ("}",), "\\{": ("\\}",), "|": ("|",),
+            "\\lfloor": ("\\rfloor",), "\\lceil": ("\\rceil",)}
+_MATRICES = frozenset("pmatrix bmatrix matrix vmatrix Bmatrix".split())
 
 
-def distinct(answers, limit, seconds=0.0):
-    """The first of each group of equal answers, by compare's equality, stopping once there are
-    more than `limit`. math-verify is asked only within `seconds` in all; past that, two answers
-    whose plain comparison cannot decide count as different."""
-    found, end = [], time.monotonic() + seconds
-    for a in answers:
-        if not any(_equal_within(a, b, end - time.monotonic()) for b in found):
-            found.append(a)
-            if len(found) > limit:
+class _Grammar:
+    """A recursive-descent reader of one value: items separated by commas, each an expression,
+    `var = expression` or `var \\in set` (the value is the right side), an inequality with a
+    variable in it, or an equation. Expressions are what a final answer is made of: numbers,
+    letters, Greek letters, \\pi, \\infty, + - \\pm \\cdot \\times / ^ _ ! %, brackets,
+    |abs|, \\frac, \\sqrt, \\binom, functions, matrices, \\cup of sets. Anything else is no
+    value: an unlisted command (`\\wedge`, `\\to`, `\\ldots`), a chain of relations (`5 = 6`),
+    two numbers side by side (`12 34`, `(5)(6)`, `2(3)`, which math-verify reads as 46, 11 and
+    5). read() returns (the latex of the value, its shape)."""
+
+    def __init__(self, t):
+        self.t, self.i, self.bars, self.words = t, 0, 0, set()  # words: \begin{pmatrix}'s letters
+        self.tokens = [(m[0], m.start(), m.end()) for m in _TOKEN.finditer(t)]
+
+    def peek(self):
+        return self.tokens[self.i][0] if self.i < len(self.tokens) else None
+
+    def take(self, *allowed):
+        token = self.peek()
+        if token is None or allowed and token not in allowed:
+            raise _NotAValue()
+        self.i += 1
+        return token
+
+    def read(self):
+        items, shapes = [], []
+        while True:
+            shape, first = self.item()
+            items.append(self._latex(first, self.i))
+            shapes.append(shape)
+            if self.peek() != ",":
                 break
-    return found
+            self.take()
+        if self.peek() is not None:
+            raise _NotAValue()
+        if len(items) > 1 or any(tok[0] in ("\\pm", "\\mp") for tok in self.tokens):
+            return ", ".join(items), "list"
+        return items[0], shapes[0]
+
+    def _latex(self, first, last):
+        """The text of tokens[first:last] with a space between two letters side by side: we read
+        `inf` and `pct` as products of letters, and so must math-verify (alone, it reads them as
+        \\infty and %)."""
+        out, pos = [], self.tokens[first][1]
+        for k in range(first, last):
+            token, start, end = self.tokens[k]
+            out.append(self.t[pos:start])
+            if k > first and start == pos and token.isalpha() and len(token) == 1 and (
+                    self.tokens[k - 1][0].isalpha()) and k not in self.words:
+                out.append(" ")
+            out.append(self.t[start:end])
+            pos = end
+        return "".join(out)
+
+    def item(self):
+        """(shape, index of the value's first token)."""
+        starts, kinds, relations = [self.i], [self.setexpr()], []
+        while self.peek() in _RELATIONS:
+            relations.append(self.take())
+            starts.append(self.i)
+            kinds.append(self.setexpr())
+        if not relations:
+            return _SHAPES.get(kinds[0], "one"), starts[0]
+        if relations in (["="], ["\\in"]) and kinds[0] == "var":
+            return _SHAPES.get(kinds[1], "one"), starts[1]  # x = 5 is 5
+        if relations == ["="] and any(len(tok) == 1 and tok.isalpha() or tok[1:] in _GREEK
+                                      for tok, _, _ in self.tokens[starts[0]:self.i]):
+            return "equation", starts[0]  # x^2 + y^2 = 13; 5 = 6 is no value
+        if len(relations) <= 2 and "var" in kinds and not {"=", "\\in"} & set(relations):
+            return "interval", starts[0]  # x > 2, -1 < x \le 3
+        raise _NotAValue()
+
+    def setexpr(self):
+        kinds = [self.expr()]
+        while self.peek() in _SET_OPS:
+            self.take()
+            kinds.append(self.expr())
+        if len(kinds) > 1 and any(k not in ("interval", "list") for k in kinds):
+            raise _NotAValue()  # 5 \cup 6
+        return kinds[0] if len(kinds) == 1 else "interval"
+
+    def expr(self):
+        signed = self.peek() in _ADD
+        if signed:
+            self.take()
+        kind, terms = self.term(), 1
+        while self.peek() in _ADD:
+            self.take()
+            self.term()
+            terms += 1
+        if terms > 1 or signed and kind not in ("int", "num"):
+            return "other"
+        return "num" if signed else kind
+
+    def term(self):
+        kind = prev = self.factor()
+        count = 1
+        while (token := self.peek()) is not None:
+            if token in _MUL:
+                self.take()
+                prev = self.factor()
+            elif self._starts_factor(token):
+                k = self.factor()
+                if prev in ("int", "num") and k in ("int", "num") or prev == "num" and k == "frac":
+                    raise _NotAValue()  # 12 34, (5)(6), 2(3), 1.5 \frac{1}{2}
+                prev = k
+            else:
+                break
+            count += 1
+        return kind if count == 1 else "other"
+
+    def _starts_factor(self, token):
+        return (token[0].isdigit() or token[0] == "." and len(token) > 1
+                or token.isalpha() and len(token) == 1
+                or token in ("(", "[", "{", "\\{", "\\lfloor", "\\lceil")
+                or token == "|" and not self.bars
+                or token[0] == "\\" and token[1:] in _ATOMS)
+
+    def factor(self):
+        kind, subscripts = self.atom(), 0
+        while (token := self.peek()) in ("^", "_", "!", "'", "%"):
+            self.take()
+            subscripts += token == "_"
+            if token in "_'" and kind != "var" or subscripts > 1:
+                raise _NotAValue()  # 5_6, 5'6, x_1_2
+            if token in "^_":
+                self.arg()
+            if token != "_":
+                kind = "other"
+        return kind
+
+    def atom(self):
+        token = self.take()
+        if token[0].isdigit() or token[0] == "." and len(token) > 1:
+            return "num" if "." in token else "int"
+        if token.isalpha() and len(token) == 1:
+            return "var"
+        if token in _CLOSERS:
+            self.bars += token == "|"
+            kinds = self.group(_CLOSERS[token])
+            self.bars -= token == "|"
+            if token == "\\{":
+                return "list"
+            if token in ("(", "[") and len(kinds) > 1:
+                return "interval"
+            return kinds[0] if token in ("(", "[", "{") else "other"
+        name = token[1:] if token[0] == "\\" else None
+        if name in _GREEK:
+            return "var"
+        if name in ("pi", "infty"):
+            return "other"
+        if name in ("emptyset", "varnothing"):
+            return "list"
+        if name in ("frac", "binom"):
+            self.arg(brace=name == "binom")
+            self.arg(brace=name == "binom")
+            return "frac" if name == "frac" else "other"
+        if name == "sqrt":
+            if self.peek() == "[":
+                self.take()
+                self.expr()
+                self.take("]")
+            self.arg()
+            return "other"
+        if name == "overline":
+            self.arg(brace=True)
+            return "other"
+        if name == "mathbb":
+            self.take("{")
+            if not self.take().isalpha():
+                raise _NotAValue()
+            self.take("}")
+            return "interval"
+        if name in _FUNCTIONS:
+            while self.peek() in ("^", "_"):
+                self.take()
+                self.arg()
+            self.factor()  # the argument: \sin x, \log_2 8, \cos(2x)
+            return "other"
+        if name == "begin":
+            return self.matrix()
+        raise _NotAValue()  # an unlisted command, or an operator where a value should be
+
+    def group(self, closers):
+        kinds = [self.setexpr()]
+        while self.peek() == ",":
+            self.take()
+            kinds.append(self.setexpr())
+        self.take(*closers)
+        return kinds
+
+    def arg(self, brace=False):
+        """The argument of \\frac, \\sqrt, ^ or _: {expr}, or one digit, letter or symbol."""
+        token = self.peek()
+        if token == "{":
+            self.take()
+            self.setexpr()
+            self.take("}")
+        elif brace or token is None:
+            raise _NotAValue()
+        elif token.isdigit() and len(token) > 1:  # \frac12: the 1, and the 2 is left
+            _, start, end = self.tokens[self.i]
+            self.tokens[self.i] = (token[1:], start + 1, end)
+        elif token.isdigit() or token.isalpha() and len(token) == 1 or token[1:] in _GREEK or (
+                token in ("\\pi", "\\infty")):
+            self.take()
+        else:
+            raise _NotAValue()
+
+    def matrix(self):
+        self.take("{")
+        env, start = "", self.i
+        while self.peek() not in ("}", None):
+            env += self.take()
+        self.words.update(range(start, self.i))
+        self.take("}")
+        if env not in _MATRICES:
+            raise _NotAValue()
+        self.setexpr()
+        while self.take("&", "\\\\", "\\end") != "\\end":
+            self.setexpr()
+        self.take("{")
+        start = self.i
+        for c in env:
+            self.take(c)
+        self.words.update(range(start, self.i))
+        self.take("}")
+        return "other"
 
 
-def _equal_within(a, b, seconds):
-    """compare(a, b) == "correct", with math-verify given `seconds`; a timeout or error is False."""
-    ok = _plain_equal(a, b)
-    if ok is None and seconds > 0 and not (_too_risky(a) or _too_risky(b)):
-        try:
-            ok = _symbolic_equal(a, b, seconds)
-        except (_OutOfTime, Exception):
-            ok = False
-    return bool(ok)
+_SHAPES = {"interval": "interval", "list": "list"}
+_ATOMS = _GREEK | _FUNCTIONS | {"pi", "infty", "emptyset", "varnothing", "frac", "binom", "sqrt",
+                                "overline", "mathbb", "begin"}
 
 # -----------------------------------------------------------------------------
-# Everything else: math-verify, behind two fences
+# math-verify, behind two fences
 
 _HUGE = re.compile(
-    r"\^\s*\{?\s*[+-]?\d{4,}"          # an exponent of 1000 or more
-    r"|\^\s*\{[^{}]*\^"               # a tower a^{b^c}
-    r"|\d{4,}\s*!|\\binom\s*\{?\s*\d{4,}"  # a factorial or binomial of 1000 or more
-    r"|[\w)}\]]\s*!\s*!"                 # n!!: math-verify reads (n!)!, and 5!!! is (120!)!
+    r"\^ ?\{? ?[+-]? ?\d{4}"           # an exponent of 1000 or more
+    r"|\^ ?\{[^{}^]*\^"                # a tower a^{b^c}
+    r"|\d{4} ?!|\\binom ?\{? ?\d{4}"   # a factorial or binomial of 1000 or more
+    r"|[\w)}\]] ?! ?!"                 # n!!: math-verify reads (n!)!, and 5!!! is (120!)!
     r"|\*\*"                           # python-style power: the same risks, unparsed by LaTeX rules
 )
 
 
 def _too_risky(s):
-    """True when sympy might spend far too long on s, so we compare it as a string only.
-    These are cheap fences for where no deadline can be set (a worker thread); they do not bound
-    every slow sympy simplification (a (x+y+z)^{20} can take seconds there)."""
+    """True when sympy might spend far too long on s, so it is compared as a string only. These are
+    cheap fences for where no deadline can be set (a worker thread); they do not bound every slow
+    sympy simplification (a (x+y+z)^{20} can take seconds there)."""
     if len(s) > MAX_SYMBOLIC_CHARS or _HUGE.search(s):
         return True
     depth = deepest = 0
@@ -409,53 +759,26 @@ def _with_deadline(fn, seconds):
 
 
 # math-verify's default extraction (LaTeX, then plain expressions), with its unit stripping switched
-# off. That step removes any trailing \text{...} or \mathrm{...} whatever it says, and a list of
-# "units" that includes single letters (c, d, g, h, l, m, s, t) and "ab": it graded 2\mathrm{i},
-# 3\text{i}, 2\mathrm{e}, 2c and 2 ab equal to 2 and 3. _for_sympy drops units by our rule instead.
+# off: it removed any trailing \text{} whatever it said, and single letters (c, d, g, h, l, m, s,
+# t) and "ab" as units, so 2\mathrm{i}, 3\text{i} and 2c equalled 2. read() drops units by our list.
 _EXTRACTION = [
     LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
         basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
         equations=False)),
     ExprExtractionConfig()]
-# The words at the end of an answer: a text box of words, or bare words not glued to a command or a
-# letter before them (`\pi inches`, not the "pi" of `\pi`); an exponent may follow.
-_TRAILING_WORDS = re.compile(
-    r"(?:\\(?:text|mbox|textrm|mathrm)\s*\{([A-Za-z ./]*)\}"
-    r"|(?<![\\A-Za-z])([A-Za-z]+(?:\s+[A-Za-z]+)*))"
-    r"(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?\s*\.?\s*$")
-# An angle in degrees as a trigonometric function's argument, which sympy would read in radians:
-# \sin 30^\circ is \sin(30\pi/180).
-_TRIG_DEGREES = re.compile(r"(\\(?:sin|cos|tan|cot|sec|csc)\s*\(?\s*)(\d+(?:\.\d+)?)"
-                           r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)")
-_ROMAN_CONSTANT = re.compile(r"\\(?:text|mathrm|textrm|mbox)\s*\{\s*([ie])\s*\}")  # \mathrm{i}
-
-
-def _for_sympy(s):
-    """s as math-verify should see it. The words at its end are dropped when every one is a unit by
-    _is_unit and something is left (8\\sqrt{3}\\text{ square inches} is 8\\sqrt{3}; \\text{Evelyn}
-    and 2\\sqrt{2}\\text{ million} stay whole), and \\mathrm{i}, \\text{e} become the constants i
-    and e, and an angle in degrees inside \\sin, \\cos, ... is read in degrees."""
-    m = _TRAILING_WORDS.search(s)
-    if m and s[:m.start()].strip():
-        words = re.findall(r"[A-Za-z]+(?:\s*/\s*[A-Za-z]+)*", m[2] if m[1] is None else m[1])
-        if all(_is_unit(w) for w in words):
-            s = s[:m.start()]
-    s = _TRIG_DEGREES.sub(r"\1(\2\\pi/180)", s)
-    return _ROMAN_CONSTANT.sub(r" \1 ", s)
-
 
 _warmed_up = False
 # [ours] One comparison of each kind that loads more of sympy the first time: a polynomial (the
 # LaTeX grammar, ~0.1 s, and simplification, ~0.3 s), an interval (0.24 s), a logarithm (0.18 s),
 # a trigonometric value (0.16 s), an inequality (0.12 s), pi (0.09 s), a root (0.05 s): each
 # measured as the first of its kind after the polynomial alone, on a quiet 2-core machine.
-_WARM_UP = (("(a+1)^2", "a^2+2a+1"), ("x \\in [-2,7]", "[-2,7]"), ("\\log_2 8", "3"),
-            ("\\sin 30^\\circ", "\\frac12"), ("x>2", "(2,\\infty)"), ("\\pi/4", "\\frac{\\pi}{4}"),
-            ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"))
+_WARM_UP = (("(a+1)^2", "a^2+2a+1"), ("[-2,7]", "[-2,7]"), ("\\log_2 8", "3"),
+            ("\\sin(30\\pi/180)", "\\frac12"), ("x>2", "(2,\\infty)"),
+            ("\\pi/4", "\\frac{\\pi}{4}"), ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"))
 
 
 def _symbolic_equal(answer, reference, seconds=None):
-    """math-verify's verdict on two LaTeX answers, within `seconds` (DEADLINE_S) on the main
+    """math-verify's verdict on two LaTeX values, within `seconds` (DEADLINE_S) on the main
     thread."""
     global _warmed_up
     if not _warmed_up:
@@ -469,11 +792,11 @@ def _symbolic_equal(answer, reference, seconds=None):
 
 
 def _verify(answer, reference):
-    # The gold answer goes first: math-verify's verify is not symmetric (it may rewrite the gold
-    # side, e.g. an assignment `x=5`). Both sides are boxed, the form it extracts first.
-    # allow_set_relation_comp: an inequality answer equals an interval reference (x > 2 =
-    # (2,\infty)); by default math-verify allows that only with the inequality as the gold.
-    gold = parse("\\boxed{" + _for_sympy(reference) + "}", _EXTRACTION, parsing_timeout=None)
-    pred = parse("\\boxed{" + _for_sympy(answer) + "}", _EXTRACTION, parsing_timeout=None)
+    # The gold answer goes first: math-verify's verify is not symmetric. Both sides are boxed, the
+    # form it extracts first. allow_set_relation_comp: an inequality answer equals an interval
+    # reference (x > 2 = (2,\infty)); by default math-verify allows that only with the inequality
+    # as the gold.
+    gold = parse("\\boxed{" + reference + "}", _EXTRACTION, parsing_timeout=None)
+    pred = parse("\\boxed{" + answer + "}", _EXTRACTION, parsing_timeout=None)
     return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None,
                                                 allow_set_relation_comp=True)

@@ -7,11 +7,11 @@ each phase of a step, the settings that fit the memory free, and what out of mem
     memory.choose(shape, job, free_bytes, given) # the `auto` knobs of the config block, or None
     memory.halve(kind, settings, rows, ...)      # what an out-of-memory pass lowers next
 
-Pure functions of those numbers, no torch (but free_bytes), so that the choice is tested on a CPU.
-The coefficients are per position, row or token in units of the vocabulary V, the width H or a
-layer's activations, measured once on a CPU under bf16 autocast by experiments/memory.py, which
-also prints experiments/speed.md's table from these functions. Which figure is measured, which
-counted and which computed: experiments/speed.md, "Memory by card size".
+Pure functions of those numbers, no torch (but free_bytes, is_out_of_memory), so that the choice is
+tested on a CPU. The coefficients are per position, row or token in units of the vocabulary V, the
+width H or a layer's activations, measured once on a CPU under bf16 autocast by
+experiments/memory.py, which also prints experiments/speed.md's table from these functions. Which
+figure is measured, which counted and which computed: experiments/speed.md, "Memory by card size".
 """
 import math
 from dataclasses import dataclass
@@ -327,11 +327,30 @@ def describe(settings, free_bytes, auto):
 
 def free_bytes(device):
     """What torch may allocate on a CUDA device at the run's start: free now plus what this process
-    holds already (the model), at most its share (torch.cuda.set_per_process_memory_fraction)."""
+    holds already (the model), at most its share (torch.cuda.set_per_process_memory_fraction).
+    device: as model.resolve_device takes it; torch.cuda's calls get it with its index, which
+    get_per_process_memory_fraction requires ("cuda" alone is an error there)."""
     import torch
+    from machinery.model import resolve_device
+    device = resolve_device(device)
     free, total = torch.cuda.mem_get_info(device)
     return min(free + torch.cuda.memory_reserved(device),
                torch.cuda.get_per_process_memory_fraction(device) * total)
+
+
+# What CUDA's libraries say when an allocation of theirs fails: torch raises these as a plain
+# RuntimeError ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+# not as torch.OutOfMemoryError, which only its caching allocator raises.
+ALLOC_FAILED = ("CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                "CUDNN_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED", "ALLOCATION_FAILED")
+
+
+def is_out_of_memory(error):
+    """Is `error` the GPU out of memory: torch.OutOfMemoryError, or a CUDA library's failed
+    allocation (ALLOC_FAILED)?"""
+    import torch
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and any(s in str(error) for s in ALLOC_FAILED))
 
 
 def halve(kind, settings, rows, positions=0):

@@ -14,7 +14,8 @@ The argument is read in this order: "tiny"; an existing folder; a short name fro
 
 --dtype means the same in train.py and eval.py, through the helpers below:
 
-    model, tok = load_model(name, device, weight_dtype(dtype, device, lora))
+    device = resolve_device("cuda")              # cuda:N: a CUDA device always with its index
+    model, tok = load_model(name, device, dtype, lora=lora)  # weights in load_dtype(...)
     with autocast(device, dtype):                 # bf16 or float16 forward passes where they help
         ...generate, score, evaluate...
     scaler = grad_scaler(optimizer, device, dtype)  # float16 only: the gradient scaler
@@ -36,9 +37,13 @@ so on a GPU it is held in the autocast dtype (bf16, or float16 without bf16: wha
 cast it to at every forward anyway), in float32 on a CPU; the adapters, their gradients and AdamW's
 moments in float32. The model stays PEFT's PeftModel: rollout.py, the sampler and eval.py use it as
 any model. A LoRA checkpoint holds the adapters (adapter_config.json, adapter_model.safetensors)
-and names its base; load_model loads that base and puts the adapters on it.
+and names its base, with a hash of a local base's files (pin_of), checked at every load; load_model
+loads that base and puts the adapters on it, in the dtype train.py's run held it in (load_dtype).
+A new LoRA run from a LoRA checkpoint keeps its adapters, frozen and on, under FROZEN names.
 """
 import contextlib
+import copy
+import hashlib
 import json
 import os
 import sys
@@ -88,20 +93,21 @@ def hub_id(name):
     return None
 
 
-def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=False):
+def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=None):
     """(model, tokenizer) for "tiny", a local folder, a short name or a hub id, on `device` in
     `dtype`.
 
-    device: "auto" (cuda if available, else cpu) or any torch device string ("cpu", "cuda:1").
-    dtype: --dtype, the weights in weight_dtype(dtype, device, lora): "auto" and "float16" float32
-    (run forward passes inside autocast(device, dtype) for speed on a GPU) unless lora: the frozen
-    base of LoRA adapters on a GPU in the autocast dtype; "float32", "bfloat16" or a torch.dtype as
-    is. cache_dir: where "tiny" builds its model folder (cache_dir/tiny).
+    device: resolve_device's ("auto", "cpu", "cuda", "cuda:1", ...). dtype: --dtype; the weights
+    in load_dtype(...): "auto" and "float16" float32 (run forward passes inside autocast(device,
+    dtype) for speed on a GPU), but the frozen base of LoRA adapters on a GPU in the autocast
+    dtype; "float32", "bfloat16" or a torch.dtype as is. lora: will adapters sit on these weights
+    (train.py: --lora_rank > 0)? None (eval.py): as the folder says. cache_dir: where "tiny"
+    builds its model folder (cache_dir/tiny).
     """
     # per-shard "Loading weights" bars: noise on stderr, and around one-line errors
     hf_logging.disable_progress_bar()
-    device = _device(device)
-    dtype = weight_dtype(dtype, device, lora)
+    device = resolve_device(device)
+    dtype = load_dtype(name_or_path, device, dtype, lora, cache_dir)
     source, is_folder = _resolve(str(name_or_path), cache_dir)
     if is_folder and os.path.isfile(os.path.join(source, ADAPTERS)):
         return _load_adapters(source, device, dtype, cache_dir)
@@ -118,6 +124,17 @@ def load_model(name_or_path, device="auto", dtype="auto", cache_dir="out", lora=
         # comparing with the pad id, so padding with EOS is harmless.
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
+
+
+def load_dtype(name_or_path, device="auto", dtype="auto", lora=None, cache_dir="out"):
+    """The dtype load_model loads name_or_path's weights in, for train.py and eval.py alike:
+    weight_dtype(dtype, device, lora), where lora None means "as the folder is": a LoRA checkpoint's
+    base stays under its adapters (its autocast dtype on a GPU, as the run that trained it held it),
+    and lora=False that they are merged into a base that trains (float32)."""
+    if lora is None:
+        source, is_folder = _resolve(str(name_or_path), cache_dir)
+        lora = is_folder and os.path.isfile(os.path.join(source, ADAPTERS))
+    return weight_dtype(dtype, resolve_device(device), lora)
 
 
 def _resolve(name, cache_dir):
@@ -159,18 +176,36 @@ def _hub_failure(hub, why):
             f"--model DIR)")
 
 
-def _device(device):
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def as_device(device):
+    """A torch.device of a device string, a torch.device or a CUDA index (torch.device(0) names
+    the current accelerator, and there is none in a CPU build of torch)."""
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def resolve_device(device="auto"):
+    """The torch.device of --device: "auto" (cuda if there is one, else cpu), "cpu", "cuda",
+    "cuda:1", a torch.device or a CUDA index. A CUDA device always comes with its index ("cuda" is
+    the current one, cuda:N): torch.cuda's functions refuse one without
+    (get_per_process_memory_fraction), so the run names its device once, here. One that is not
+    there is a one-line ValueError."""
+    if isinstance(device, str) and device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(device)
+        device = as_device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r} is not a torch device; "
                          f"use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; "
                          f"use --device cpu or auto")
-    return device
+    index, count = (torch.cuda.current_device() if device.index is None else device.index,
+                    torch.cuda.device_count())
+    if index >= count:
+        raise ValueError(f"device={str(device)!r} but torch sees {count} CUDA GPU(s), cuda:0 to "
+                         f"cuda:{count - 1}; pass one of them")
+    return torch.device("cuda", index)
 
 
 def disable_dropout(model):
@@ -218,15 +253,20 @@ def is_lora(model):
 
 
 def with_lora(model, rank, base, seed=0):
-    """The model a fresh run trains: any adapters it carries (a LoRA checkpoint passed as --model)
-    merged into their base [ours: the run starts from that policy, and its KL reference is that
-    policy too], then for rank > 0 fresh adapters of that rank with the rest frozen (rank 0: every
-    weight trains). base: the --model argument, recorded in adapter_config.json so that a checkpoint
-    names the base its adapters belong to. PEFT initialises B = 0, so the policy starts exactly as
-    the base, and A at random: [ours] from `seed` (--seed), not from whatever torch's generator
-    holds, so that one seed gives one run."""
-    if is_lora(model):  # W + (alpha / r) B A, once, in the base's dtype; every weight trains again
-        model = model.merge_and_unload().requires_grad_(True)
+    """The model a fresh run trains. rank 0: every weight trains, and a LoRA checkpoint passed as
+    --model has its adapters merged into its base first (loaded in float32 for this: lora=False).
+    rank > 0: fresh adapters of that rank, the rest frozen; a LoRA checkpoint's own adapters stay
+    on, frozen, renamed FROZEN + n [ours: the run starts from that policy, and its KL reference is
+    that policy too]. Why not merged: its base is held in bf16 on a GPU, which keeps 8 bits of a
+    weight, and a trained update of W is far smaller than its rounding step, so most of it would
+    round away; a float32 copy of the base to merge into would double its memory, and a new run
+    should fit the card its checkpoint was trained on. base: the --model argument; a checkpoint's
+    adapter_config.json names the base its adapters belong to (a LoRA checkpoint's own base), with
+    the pin of a local one (pin_of, as `revision`). PEFT initialises B = 0, so the policy starts
+    exactly as the model given, and A at random: [ours] from `seed` (--seed), not from whatever
+    torch's generator holds, so that one seed gives one run."""
+    if is_lora(model) and rank == 0:  # W + (alpha / r) B A, once; every weight trains again
+        return model.merge_and_unload().requires_grad_(True)
     if rank == 0:
         return model
     peft = _peft("--lora_rank")
@@ -234,65 +274,146 @@ def with_lora(model, rank, base, seed=0):
     # sampler sets (machinery/sampling.py), not the checkpoint's
     config = peft.LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                              target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+    if is_lora(model):  # the base and pin its adapters were trained on
+        named = model.peft_config["default"]
+        base, pin = named.base_model_name_or_path, named.revision
+    else:
+        source, is_folder = _resolve(str(base), "out")
+        base, pin = (os.path.abspath(source), pin_of(source)) if is_folder else (source, None)
     with quiet(), torch.random.fork_rng(devices=[]):  # PEFT draws A on the CPU, then moves it
-        torch.manual_seed(seed)
-        model = peft.get_peft_model(model, config)  # the adapters in float32 on a bf16/fp16 base
-    model.peft_config["default"].base_model_name_or_path = _base_name(base)
+        if is_lora(model):
+            frozen = _freeze(model)
+            torch.manual_seed(seed)
+            model.add_adapter("default", config)  # float32, on the base's device
+            _stack(model, frozen)
+        else:
+            torch.manual_seed(seed)
+            model = peft.get_peft_model(model, config)  # the adapters in float32 on a bf16 base
+    model.peft_config["default"].base_model_name_or_path = base  # absolute: a run folder moves
+    model.peft_config["default"].revision = pin
     return model
+
+
+# [ours] The adapters of a LoRA checkpoint that a new LoRA run keeps on, frozen: frozen1, frozen2...
+# (PEFT saves each beside the trainable "default" ones, in a folder of its name).
+FROZEN = "frozen"
+
+
+def _frozen(model):
+    """The FROZEN adapters' names, in the order they were frozen."""
+    names = [n for n in model.peft_config if n.startswith(FROZEN) and n[len(FROZEN):].isdigit()]
+    return sorted(names, key=lambda n: int(n[len(FROZEN):]))
+
+
+def _freeze(model):
+    """Rename the trainable adapters ("default") to the next FROZEN name, bit for bit; -> every
+    FROZEN name."""
+    peft = sys.modules["peft"]
+    name = f"{FROZEN}{len(_frozen(model)) + 1}"
+    weights = peft.get_peft_model_state_dict(model, adapter_name="default")
+    model.add_adapter(name, copy.deepcopy(model.peft_config["default"]))
+    peft.set_peft_model_state_dict(model, weights, adapter_name=name)
+    model.delete_adapter("default")
+    return _frozen(model)
+
+
+def _stack(model, frozen):
+    """Every adapter on, the FROZEN ones first (one order of the sums, on every load); only
+    "default" trains."""
+    if frozen:
+        model.base_model.set_adapter([*frozen, "default"])
+        model.set_requires_grad(frozen, False)
 
 
 @contextlib.contextmanager
 def quiet():
     """[ours] PEFT 0.21 asks transformers 5 a question it deprecated (is_gradient_checkpointing):
-    a FutureWarning on every run, noise to whoever runs it."""
+    a FutureWarning on every run, noise to whoever runs it; and _freeze deletes the active adapter
+    on purpose."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        warnings.filterwarnings("ignore", "Adapter default was active which is now deleted")
         yield
 
 
-def _base_name(name, cache_dir="out"):
-    """What a checkpoint's adapter_config.json names as its base: the folder (absolute, so that
-    a run folder can move) or the hub id that --model resolves to."""
-    source, is_folder = _resolve(str(name), cache_dir)
-    return os.path.abspath(source) if is_folder else source
+def pin_of(folder):
+    """[ours] A local model folder's content, as "sha256:HEX" of its config and weight files (names
+    and bytes): a LoRA checkpoint records its base's, and every load checks it, because a folder can
+    change under the adapters (a run folder's checkpoint, resumed or overwritten) and adapters on
+    other weights load without an error. Hashing reads the weights once more, at each load;
+    a hub id is not pinned."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name in ("config.json", ADAPTERS) or name.endswith((".safetensors", ".bin")):
+            digest.update(name.encode() + b"\0")
+            with open(os.path.join(folder, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+    return "sha256:" + digest.hexdigest()
 
 
 def _load_adapters(folder, device, dtype, cache_dir):
     """A folder of LoRA adapters: the base it names (loaded as --model would be, its own adapters
-    merged in, if it is a LoRA checkpoint too), then these adapters on it, trainable (a resumed run
-    trains them on)."""
+    merged in, if it is a LoRA checkpoint too; checked against its pin), then these adapters on it,
+    trainable (a resumed run trains them on), and the FROZEN ones it keeps, on and frozen."""
     peft = _peft(f"{folder} holds LoRA adapters: loading them")
     with open(os.path.join(folder, ADAPTERS)) as f:
-        base = json.load(f).get("base_model_name_or_path")
+        saved = json.load(f)
+    base, pin = saved.get("base_model_name_or_path"), saved.get("revision")
     if not base:
         raise ValueError(f"{folder}/{ADAPTERS} names no base model (base_model_name_or_path); "
                          f"set it to the folder or hub id the adapters were trained on")
     try:
         model = with_lora(load_model(base, device, dtype, cache_dir)[0], 0, base)
+        source, is_folder = _resolve(base, cache_dir)
     except ValueError as e:
         raise ValueError(f"the base model of the LoRA adapters in {folder}: {e}") from None
-    with quiet():
-        model = peft.PeftModel.from_pretrained(model, folder, is_trainable=True)
+    if pin and is_folder and pin_of(source) != pin:
+        raise ValueError(f"the LoRA adapters in {folder} were trained on {base}, whose weights "
+                         f"have changed since ({pin[:19]}... in {ADAPTERS}, "
+                         f"{pin_of(source)[:19]}... now); put those weights back there, or point "
+                         f"base_model_name_or_path at a copy of them")
+    frozen = [n for n in sorted(os.listdir(folder)) if n.startswith(FROZEN)
+              and os.path.isfile(os.path.join(folder, n, ADAPTERS))]
+    with quiet():  # onto the run's device (else PEFT's guess: the current CUDA device)
+        model = peft.PeftModel.from_pretrained(model, folder, is_trainable=True,
+                                               torch_device=str(device))
+        for name in frozen:
+            model.load_adapter(os.path.join(folder, name), adapter_name=name,
+                               torch_device=str(device))
+    _stack(model, _frozen(model))
     return model.to(device), AutoTokenizer.from_pretrained(folder)
 
 
 def reference_model(model, cfg, device):
     """The frozen initial policy of the KL term, or None without one (--beta 0). With LoRA the
-    policy itself: train.backward runs it inside adapters_off, which leaves the base it started
+    policy itself: train.backward runs it inside adapters_off, which leaves the model it started
     from, with no second copy. Else a second copy of --model, loaded as the policy was (a LoRA
-    checkpoint's adapters merged)."""
+    checkpoint's adapters merged into its float32 base)."""
     if cfg.beta == 0:
         return None
     if is_lora(model):
         return model
-    ref = with_lora(load_model(cfg.model, device, cfg.dtype)[0], 0, cfg.model)
+    ref = with_lora(load_model(cfg.model, device, cfg.dtype, lora=False)[0], 0, cfg.model)
     return ref.eval().requires_grad_(False)
 
 
+@contextlib.contextmanager
 def adapters_off(model):
-    """The context in which a LoRA policy computes as its frozen base (PEFT's disable_adapter);
-    nothing for any other model."""
-    return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
+    """The context in which a LoRA policy computes as the model its run started from: its base
+    (PEFT's disable_adapter), with any FROZEN adapters still on; nothing for any other model."""
+    frozen = _frozen(model) if is_lora(model) else []
+    if not is_lora(model):
+        yield
+    elif not frozen:
+        with model.disable_adapter():
+            yield
+    else:  # only the trainable ones off; their requires_grad comes back before any backward
+        model.base_model.set_adapter(frozen, inference_mode=True)
+        try:
+            yield
+        finally:
+            _stack(model, frozen)
 
 
 # -----------------------------------------------------------------------------
@@ -308,7 +429,7 @@ def weight_dtype(dtype, device=None, lora=False):
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     if dtype in ("auto", "float16"):
-        if lora and device is not None and torch.device(device).type == "cuda":
+        if lora and device is not None and as_device(device).type == "cuda":
             return autocast_dtype(device, dtype)
         return torch.float32
     return DTYPES[dtype]
@@ -327,7 +448,7 @@ def autocast_dtype(device, dtype, capability=None):
     "auto" on a CUDA device, bf16 with bf16 hardware (bf16_capable), else float16. capability: the
     device's (major, minor); None asks torch for the requested device's (torch.device("cuda") is the
     current one), so that tests can decide without a GPU."""
-    device = torch.device(device)
+    device = as_device(device)
     if dtype == "float16":
         return torch.float16
     if dtype != "auto" or device.type != "cuda":
@@ -348,7 +469,7 @@ def autocast(device, dtype):
     cast = autocast_dtype(device, dtype)
     if cast is None:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=cast)
+    return torch.autocast(as_device(device).type, dtype=cast)
 
 
 def grad_scaler(optimizer, device, dtype):
@@ -358,7 +479,7 @@ def grad_scaler(optimizer, device, dtype):
     gradient overflowed to inf or NaN is skipped and the scale halved (torch's AMP recipe; bf16 has
     float32's exponent and needs none). [ours] The scale rides in the optimizer's state_dict, so
     trainer.pt holds it and a resumed run continues with the same scale."""
-    device = torch.device(device)
+    device = as_device(device)
     scaler = torch.amp.GradScaler(device.type,
                                   enabled=autocast_dtype(device, dtype) == torch.float16)
     if scaler.is_enabled():

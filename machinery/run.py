@@ -38,6 +38,7 @@ import d3s
 from machinery import checkpoint, config, memory, plots, tiny
 from machinery.data import describe, format_prompt
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
+from machinery.model import resolve_device
 from machinery.sampling import NonFiniteLogits
 from machinery.stops import Stop
 
@@ -112,8 +113,7 @@ class Run:
             self.tokens_trained, self.saved = self.state["tokens_trained"], self.state["step"]
             self.saved_history = len(self.history)  # what RUN/checkpoint holds already
         self.completed = self.start  # the steps applied to the model
-        self.device = (("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
-                       else cfg.device)
+        self.device = resolve_device(cfg.device)  # named once: a CUDA one with its index
 
     def begin(self, model, tokenizer, optimizer, train_set, eval_set):
         """The values, the device, the data and the model are accepted, and now wandb: only then is
@@ -206,7 +206,8 @@ class Run:
 
     def fit(self, kind, fn, split=None):
         """fn() in the memory there is, for a pass of `kind` (PASSES), fn reading its settings from
-        cfg at each call. Out of memory lowers, in cfg, what bears on that pass (memory.halve: the
+        cfg at each call. Out of memory (memory.is_out_of_memory: torch's error, or a CUDA
+        library's failed allocation) lowers, in cfg, what bears on that pass (memory.halve: the
         rows of a generation call; the micro-batch, then the log-prob chunk, then
         gradient checkpointing), so every later pass uses it too: `split`, the step's mini-batches,
         is re-split in place at a new micro-batch size. One line says so, config.json and
@@ -220,11 +221,11 @@ class Run:
             try:
                 out = fn()
                 break
-            except torch.OutOfMemoryError:
-                pass  # out of the except first: its traceback holds the failed call's tensors
+            except RuntimeError as e:  # out of the except first: its traceback holds the tensors
+                if not memory.is_out_of_memory(e):
+                    raise
             self.model.zero_grad(set_to_none=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the failed pass's blocks (a no-op while CUDA is unused)
             self._lower(kind, split)
         self._check()
         return out
@@ -251,7 +252,7 @@ class Run:
             setattr(cfg, k, v)
         self._write_config()
         if lower.get("gradient_checkpointing"):
-            self.model.gradient_checkpointing_enable()  # as train.py turns it on
+            self.model.activation_checkpointing_enable()  # as train.py turns it on
         size = lower.get("micro_batch_size")
         for mb in (split or []) if size else []:  # in place: the caller's lists go on
             mb[:] = [dataclasses.replace(p, rows=p.rows[i:i + size], hidden=None,
@@ -317,7 +318,7 @@ class Run:
                                   f"start a new run with a lower --lr "
                                   f"(from --model {self.cfg.out_dir}/checkpoint "
                                   f"if its weights are still sound)") from None
-            if kind is not None and issubclass(kind, torch.OutOfMemoryError):
+            if kind is not None and memory.is_out_of_memory(error):
                 # the failed step's tensors go before anything else is tried
                 traceback.clear_frames(tb)
                 raise config.Stop(self._out_of_memory()) from None

@@ -36,9 +36,9 @@ the engine (bf16 matmuls and attention pick other kernels and summation orders, 
 mantissa), so a token can flip now and then, and the rest of that rollout with it.
 
 [ours] The sampler (sample) records, at every decode step, the entropy of the distribution it
-samples from, softmax(logits / T) over the full vocabulary: the step line logs it, and when the kept
-rollouts need several micro-batches it is the entropy of token selection (step 6), so no extra
-full-vocabulary forward pass is needed. The cached decode computes the same function as the training
+samples from, softmax(logits / T) over the full vocabulary: the step line logs it (token selection
+takes the entropy of a training forward instead: step 5 of train.py, so that its arithmetic never
+changes with the memory knobs). The cached decode computes the same function as the training
 forward in another order of floating-point operations (tests/test_updates.py bounds the gap in
 float32). Under bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16,
 and so does its lm_head, where head_logprobs runs the head in float32.

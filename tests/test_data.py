@@ -12,7 +12,7 @@ from conftest import ROOT, SHARED, requires_shared
 
 from machinery import data
 from machinery.data import INSTRUCTION, describe, format_prompt, load_problems
-from reward import last_boxed
+from machinery.grader import last_boxed
 
 DATA = SHARED / "data"
 

@@ -33,9 +33,10 @@ def recorded(run_dir):
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def memory_of(monkeypatch, too_big):
-    """train.py's model raises CUDA's out-of-memory error from a hook on its decoder wherever
-    too_big(decoder, rows) says so; returns the list of the forwards it refused."""
+def memory_of(monkeypatch, too_big, error="CUDA out of memory. Tried to allocate 20.00 GiB"):
+    """train.py's model raises CUDA's out-of-memory error (or, for another message, the RuntimeError
+    a CUDA library raises) from a hook on its decoder wherever too_big(decoder, rows) says so;
+    returns the list of the forwards it refused."""
     real, refused = train.load_model, []
 
     def load(*a, **k):
@@ -44,7 +45,8 @@ def memory_of(monkeypatch, too_big):
         def check(module, args, kwargs):
             if too_big(module, kwargs["input_ids"].shape[0]):
                 refused.append(kwargs["input_ids"].shape[0])
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+                raise (torch.OutOfMemoryError if error.startswith("CUDA out of memory")
+                       else RuntimeError)(error)
         model.get_decoder().register_forward_pre_hook(check, with_kwargs=True)
         return model, tokenizer
     monkeypatch.setattr(train, "load_model", load)
@@ -233,6 +235,20 @@ def test_the_stop_names_the_knob_that_would_help():
             "--gradient_checkpointing true") in outside
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_checkpointing_turns_on_without_a_deprecation_warning(tmp_path, tiny_dir, monkeypatch, lora_rank):
+    """transformers 5.24 deprecates gradient_checkpointing_enable (removed in v6) for
+    activation_checkpointing_enable, which train.py and an out-of-memory halving call, on a model and
+    on PEFT's LoRA model alike: no FutureWarning (an error here)."""
+    memory_of(monkeypatch, lambda m, n: torch.is_grad_enabled() and not m.gradient_checkpointing)
+    lines, run_dir = run(tmp_path, "oom", tiny_dir, method="grpo", lora_rank=lora_rank,
+                         micro_batch_size=1, logprob_chunk=memory.MIN_CHUNK)
+    assert recorded(run_dir)[-1]["changed"] == {"gradient_checkpointing": [False, True]}
+    monkeypatch.undo()
+    run(tmp_path, "on", tiny_dir, lora_rank=lora_rank, steps=1, gradient_checkpointing=True)
+
+
 # ----------------------------------------------------------------------------- auto
 
 
@@ -315,3 +331,84 @@ def test_help_reads_plainly(capsys):
                                                                capsys)
     assert "'maybe' is not a boolean; use true, false or auto" in exit_2(
         ["--gradient_checkpointing", "maybe"], capsys)
+
+
+# ----------------------------------------------------------------------------- what a halving keeps
+
+
+def selected(monkeypatch):
+    """Every step's token selection (d3s.select_tokens' masks), as train.py makes them."""
+    real, masks = train.d3s.select_tokens, []
+    monkeypatch.setattr(train.d3s, "select_tokens",
+                        lambda *a, **k: masks.append(real(*a, **k)) or masks[-1])
+    return masks
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_halving_in_step_5_keeps_the_tokens_step_6_selects(tmp_path, tiny_dir, monkeypatch, dtype):
+    """K = 1: with every kept rollout in one micro-batch the entropy of token selection comes from the
+    gradient forward; out of memory there re-splits them, and the entropy must still come from a forward
+    of the policy at the same arithmetic, so the same tokens are selected. The sampler's entropy is
+    another arithmetic: under bf16 weights its logits are bf16, the head's float32 (it moved 2 of 21
+    selected tokens in step 0 here, 2 of 83 in step 1). Two steps: beyond, bf16 weights updated from
+    other micro-batches can round apart."""
+    masks = selected(monkeypatch)
+    refused = memory_of(monkeypatch, lambda m, n: n > 2 and torch.is_grad_enabled())
+    lines, _ = run(tmp_path, "oom", tiny_dir, updates_per_batch=1, prompts_per_step=4, dtype=dtype)
+    assert refused and any(line.startswith("out of memory: --micro_batch_size") for line in lines)
+    monkeypatch.undo()
+    plain = selected(monkeypatch)
+    run(tmp_path, "plain", tiny_dir, updates_per_batch=1, prompts_per_step=4, dtype=dtype)
+    assert len(masks) == len(plain) == 2 and sum(int(m.sum()) for m in masks) > 50
+    assert all(torch.equal(a, b) for a, b in zip(masks, plain))
+
+
+# ----------------------------------------------------------------------------- a CUDA library's failure
+
+CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+
+def test_what_counts_as_out_of_memory():
+    """torch's own error, and a CUDA library's failed allocation, which torch raises as a RuntimeError;
+    no other error."""
+    assert memory.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    for message in (CUBLAS, "CUDA error: out of memory", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+                    "cuDNN Frontend error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"):
+        assert memory.is_out_of_memory(RuntimeError(message)), message
+    for error in (RuntimeError("CUDA error: device-side assert triggered"), ValueError("CUDA out of memory"),
+                  RuntimeError("mat1 and mat2 shapes cannot be multiplied")):
+        assert not memory.is_out_of_memory(error), error
+
+
+def test_a_cublas_failure_is_retried_and_any_other_error_is_not(tmp_path, tiny_dir, monkeypatch):
+    """run.fit and eval.py's halving take a cuBLAS allocation failure for what it is, out of memory (it
+    ended the run without a checkpoint); an error that is not one goes through at once."""
+    refused = memory_of(monkeypatch, lambda m, n: n > 2 and torch.is_grad_enabled(), CUBLAS)
+    lines, run_dir = run(tmp_path, "cublas", tiny_dir, method="grpo", updates_per_batch=2)
+    assert refused == [4] and [(r["changed"], r["why"]) for r in recorded(run_dir)] == [
+        ({"micro_batch_size": [128, 2]}, "out of memory")]
+    monkeypatch.undo()
+    from eval import evaluate
+    model, tokenizer = train.load_model(tiny_dir, device="cpu")
+    problems = load_problems("tiny", "test")[:2]
+    want = evaluate(model, tokenizer, problems, max_new_tokens=8, batch_size=1)["records"]
+    model.get_decoder().register_forward_pre_hook(
+        lambda m, a, k: (_ for _ in ()).throw(RuntimeError(CUBLAS)) if k["input_ids"].shape[0] > 1
+        else None, with_kwargs=True)
+    assert evaluate(model, tokenizer, problems, max_new_tokens=8, batch_size=2)["records"] == want
+    memory_of(monkeypatch, lambda m, n: True, "CUDA error: device-side assert triggered")
+    with pytest.raises(RuntimeError, match="^CUDA error: device-side assert triggered$"):
+        run(tmp_path, "other", tiny_dir)
+
+
+def test_a_cublas_failure_outside_the_passes_stops_with_a_checkpoint(tmp_path, tiny_dir, monkeypatch):
+    """Out of memory where nothing can be lowered (the optimizer's step), as cuBLAS says it: the run
+    stops as after torch's own error, the steps applied saved, with the line that says what helps."""
+    def optimizer_step(*a):
+        raise RuntimeError(CUBLAS)
+    monkeypatch.setattr(train, "optimizer_step", optimizer_step)
+    with pytest.raises(config.Stop) as stop:
+        run(tmp_path, "stop", tiny_dir, method="grpo", updates_per_batch=2)
+    step = torch.load(tmp_path / "stop" / "checkpoint" / "trainer.pt", weights_only=False)["step"]
+    assert step in (0, 1) and str(stop.value).startswith(f"out of memory at step {step}; the checkpoint holds the steps "
+                                      f"before {step}; continue with less memory per pass: ")

@@ -282,16 +282,16 @@ def test_the_gradient_scale_rides_in_the_optimizers_state_dict():
 # LoRA
 
 
-def trained_lora(tiny_dir, rank=4, dtype="float32", seed=0):
+def trained_lora(tiny_dir, rank=4, dtype="float32", seed=0, scale=0.05):
     """The tiny world's model with LoRA adapters of `rank`, their B drawn at random as if trained (PEFT
-    starts B at 0)."""
+    starts B at 0), scale * N(0, 1) each."""
     policy, tokenizer = load_model(tiny_dir, device="cpu", dtype=dtype, lora=True)
     policy = with_lora(policy, rank, tiny_dir)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+                p.copy_(scale * torch.randn(p.shape, generator=g))
     return policy, tokenizer
 
 
@@ -408,3 +408,105 @@ def test_a_lora_policy_samples_without_the_checkpoints_generation_config(tiny_di
             clean = generate_groups(base, tokenizer, prompts, 2, 16, temperature, seed=3, engine=engine)
             assert torch.equal(mine.completion_ids, clean.completion_ids), (engine, temperature)
     assert policy.generation_config.repetition_penalty == 50.0  # restored afterwards
+
+
+# -----------------------------------------------------------------------------
+# a new LoRA run from a LoRA checkpoint; the base a checkpoint names, pinned
+
+
+def saved_lora(tiny_dir, folder, scale):
+    """trained_lora's policy saved as a LoRA checkpoint is (adapters, tokenizer)."""
+    policy, tokenizer = trained_lora(tiny_dir, scale=scale)
+    policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return policy, tokenizer
+
+
+def test_a_new_lora_run_from_a_lora_checkpoint_keeps_its_trained_adapters_exactly(tiny_dir, tmp_path):
+    """`train.py --model CKPT --lora_rank 2` from a LoRA checkpoint whose base a GPU holds in bf16 (load_dtype;
+    the rounding is the CPU's too): the new run starts exactly as the checkpoint's policy, the trained
+    adapters kept on and frozen beside the fresh ones. Merged into the bf16 base, most of their effect rounds
+    away: at B ~ 5e-4 N(0, 1) (a few AdamW steps at LoRA's lr 5e-4), 83% of it here. The new checkpoint
+    holds them itself: the first one can go."""
+    ckpt = tmp_path / "first"
+    saved_lora(tiny_dir, ckpt, scale=5e-4)
+    assert model.load_dtype(str(ckpt), "cpu", "bfloat16", lora=True) == torch.bfloat16
+    policy, tokenizer = load_model(str(ckpt), device="cpu", dtype="bfloat16", lora=True)  # train.py's load
+    want, base = logits(policy, tokenizer), logits(load_model(tiny_dir, device="cpu", dtype="bfloat16")[0],
+                                                  tokenizer)
+    merged = logits(policy.merge_and_unload(), tokenizer)  # what a bf16 merge would start from
+    assert (merged - want).float().norm() > 0.5 * (want - base).float().norm()
+    start = with_lora(load_model(str(ckpt), device="cpu", dtype="bfloat16", lora=True)[0], 2, str(ckpt), seed=1)
+    assert torch.equal(logits(start, tokenizer), want)
+    trainable = {n for n, p in start.named_parameters() if p.requires_grad}
+    assert trainable and all(".default." in n for n in trainable)  # only the fresh adapters train
+    assert start.peft_config["default"].r == 2 and start.peft_config["frozen1"].r == 4
+    with adapters_off(start):  # the KL reference: the policy the run started from, not the base
+        assert torch.equal(logits(start, tokenizer), want)
+    assert {n for n, p in start.named_parameters() if p.requires_grad} == trainable
+    ids = tokenizer("Question: 3+8+5\nAnswer:", return_tensors="pt")["input_ids"]
+    grads = []
+    for reference in (False, True):  # a reference pass between forward and backward, as train.py's
+        loss = start(ids).logits.float().square().mean()
+        if reference:
+            with torch.no_grad(), adapters_off(start):
+                start(ids)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in start.named_parameters() if p.grad is not None})
+        start.zero_grad(set_to_none=True)
+    assert grads[0].keys() == grads[1].keys() == trainable
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in trainable)
+    # trained a little, saved as train.py saves, loaded with the first checkpoint gone
+    with torch.no_grad():
+        for name, p in start.named_parameters():
+            if "lora_B.default" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    now = logits(start, tokenizer)
+    start.save_pretrained(tmp_path / "second", save_embedding_layers=False)
+    tokenizer.save_pretrained(tmp_path / "second")
+    shutil.rmtree(ckpt)
+    saved = json.load(open(tmp_path / "second" / model.ADAPTERS))
+    assert saved["base_model_name_or_path"] == os.path.abspath(tiny_dir)  # the base, not the checkpoint
+    again, _ = load_model(str(tmp_path / "second"), device="cpu", dtype="bfloat16", lora=True)
+    assert torch.equal(logits(again, tokenizer), now)
+    assert {n for n, p in again.named_parameters() if p.requires_grad} == trainable
+    with adapters_off(again):
+        assert torch.equal(logits(again, tokenizer), want)
+    # a third run from it keeps both; full fine-tuning from it merges both into the float32 base
+    third = with_lora(load_model(str(tmp_path / "second"), device="cpu", dtype="bfloat16", lora=True)[0],
+                      2, str(tmp_path / "second"))
+    assert model._frozen(third) == ["frozen1", "frozen2"] and torch.equal(logits(third, tokenizer), now)
+    full_policy = with_lora(load_model(str(tmp_path / "second"), device="cpu", lora=False)[0], 0, "x")
+    assert full_policy.dtype == torch.float32 and all(p.requires_grad for p in full_policy.parameters())
+    assert torch.allclose(logits(full_policy, tokenizer), logits(
+        load_model(str(tmp_path / "second"), device="cpu")[0], tokenizer), atol=1e-4, rtol=1e-5)
+
+
+def test_a_lora_checkpoint_refuses_a_base_that_changed(tiny_dir, tmp_path, capsys):
+    """A LoRA run pins the local folder its adapters are trained on (model.pin_of, as `revision`): once
+    that folder holds other weights (a run folder's checkpoint, resumed or overwritten), its resume and
+    every load of its checkpoint are one line, not adapters on the wrong weights."""
+    import train
+    from conftest import exit_2
+    base = tmp_path / "run" / "checkpoint"
+    shutil.copytree(tiny_dir, base)
+    lora = tmp_path / "lora"
+    train.train(train.Config(model=str(base), out_dir=str(lora), lora_rank=4, steps=1, prompts_per_step=2,
+                             group_size=4, eval_size=2, save_every=0), log=lambda *a: None)
+    saved = json.load(open(lora / "checkpoint" / model.ADAPTERS))
+    assert saved["revision"] == model.pin_of(str(base)) == model.pin_of(tiny_dir)
+    assert saved["revision"].startswith("sha256:") and len(saved["revision"]) == 7 + 64
+    load_model(str(lora / "checkpoint"), device="cpu")  # as it was: loads
+    changed, _ = load_model(str(base), device="cpu")
+    with torch.no_grad():
+        changed.model.norm.weight.add_(1e-3)  # one step of a resumed run
+    changed.save_pretrained(base)
+    want = (f"the LoRA adapters in {lora / 'checkpoint'} were trained on {os.path.abspath(base)}, whose "
+            f"weights have changed since (sha256:")
+    message = _error(str(lora / "checkpoint"))
+    assert message.startswith(want) and message.endswith(
+        "put those weights back there, or point base_model_name_or_path at a copy of them")
+    assert exit_2(["--resume", str(lora)], capsys).startswith("error: " + want)
+    shutil.rmtree(base)
+    shutil.copytree(tiny_dir, base)  # put back: loads again
+    load_model(str(lora / "checkpoint"), device="cpu")

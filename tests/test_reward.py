@@ -1,7 +1,11 @@
-"""Tests for reward.py and machinery/grader.py: answer extraction, grading (hand-written table,
-real GSM8K / MATH-500 references, adversarial completions) and the batch scorer."""
+"""Tests for reward.py and machinery/grader.py: reading boxes, the final answers, one value per box,
+grading (hand-written tables, real GSM8K / MATH-500 references and solutions, adversarial
+completions), linear time, and the batch scorer."""
+import importlib
 import json
+import multiprocessing
 import random
+import re
 import signal
 import threading
 import time
@@ -10,25 +14,29 @@ from fractions import Fraction
 import pytest
 
 from machinery import grader
+from machinery.data import _answer
+from machinery.grader import boxes, last_boxed, read
 
+import reward
 from conftest import SHARED, requires_shared
-from reward import extract_answer, grade, last_boxed, score
+from reward import extract_answer, final_answers, grade, score
 
 # -----------------------------------------------------------------------------
-# last_boxed: the helper data.py uses on MATH solutions
+# Boxes: every \boxed{} and \fbox{}, nested ones too, in one pass
 
 @pytest.mark.parametrize("text, expected", [
     (r"so $\boxed{5}$.", "5"),
     (r"$\boxed{\frac{1}{2}}$", r"\frac{1}{2}"),                 # nested braces
     (r"\boxed{1} first, then \boxed{2}", "2"),                  # the last one
     (r"\fbox{3}", "3"),
-    (r"\boxed 5$", "5"),                                        # brace-less form in MATH
+    (r"\boxed 5$", "5"),                                        # the brace-less form
     (r"\boxed {7}", "7"),                                       # space before the brace
     (r"\boxed{\{1,2\}}", r"\{1,2\}"),                           # escaped braces do not count
     (r"\boxed{\left[ 0, \frac{\pi}{2} \right)}", r"\left[ 0, \frac{\pi}{2} \right)"),
     (r"\boxed{}", ""),
     (r"\boxed{12", None),                                       # never closes: cut off
     (r"\boxed{1} and \boxedsymbol", "1"),                       # another command, not a box
+    (r"\boxed{\boxed{5} - 1}", "5"),                            # the last to open
     ("no box at all 42", None),
     ("", None),
 ])
@@ -36,30 +44,45 @@ def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
 
 
+@pytest.mark.parametrize("text, contents", [
+    (r"\boxed{\boxed{5} - 1}", [r"\boxed{5} - 1", "5"]),        # in the order they open
+    (r"\fbox{a} \boxed{b{c}} \boxed 7 then", ["a", "b{c}", "7"]),
+    ("\\boxed{6}\n\nNote that \\boxed\nwas used.", ["6"]),     # the command named in prose
+    (r"\boxed{6} and \boxed", None),                            # ... but at the end: cut off
+    (r"\boxed{6} and \boxed{7", None),
+    (r"\\boxed{6}", []),                                        # `\\` is a line break, then text
+    (r"} \boxed{6} }", ["6"]),                                  # stray braces around a box
+    (r"\beta \boxed{6}", ["6"]),
+])
+def test_boxes(text, contents):
+    spans = boxes(text)
+    assert (None if spans is None else [text[a:b] for a, b in spans]) == contents
+
+
 # -----------------------------------------------------------------------------
-# extract_answer: one explicit final answer, the last box or else the last #### line
+# final_answers / extract_answer: the boxes, or with no box the #### lines
 
 @pytest.mark.parametrize("text, expected", [
-    (r"#### 7 but finally \boxed{9}, and 11", "9"),             # 1. the last box beats ####
-    ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # 2. the rest of the last #### line
-    ("#### 4\n#### 8 then 9", "8 then 9"),                      #    as written, not a number in it
+    (r"#### 7 but finally \boxed{9}, and 11", "9"),             # a box beats ####
+    ("She pays 5 + 2 = 7.\n#### 1,000\nand then 3", "1,000"),  # the rest of the #### line
+    ("#### 4\n#### 8 then 9", "4 | 8 then 9"),                  #   every line, as written
     ("#### $18.\n", "$18."),
-    ("####\n18", None),                                         #    an empty #### line: no answer
-    (r"I will put it in \boxed{12", None),                      # [ours] a cut-off box is no answer
+    ("#### **18**\n", "18"),                                    #   markdown's emphasis dropped
+    ("####\n18", None),                                         # an empty #### line: no answer
+    (r"I will put it in \boxed{12", None),                      # a cut-off box is no answer
     (r"\boxed{ }", None),                                       # an empty box is no answer
-    (r"put it in \boxed{}. So \boxed{5}", "5"),                 # an empty box is skipped: a real
-    (r"\boxed{5}, as asked in \boxed{}", "5"),                  #   one before or after it counts
-    (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  #   spacing, math mode: empty too
-    (r"\boxed{5} or \boxed{6}", "5, 6"),                        # boxes joined to the last: one
-    (r"$\boxed{5}$, $\boxed{6}$ and $\boxed{7}$.", "5, 6, 7"),  #   answer, a list
-    (r"\boxed{5}\quad\text{or}\quad\boxed{6}", "5, 6"),
-    (r"first \boxed{3}, on reflection \boxed{5}", "5"),         # words between: a changed mind
-    (r"\boxed{3} is wrong, so \boxed{5}", "5"),
-    (r"\boxed{\boxed{5}}", "5"),                                # a box in a box is the last box
-    (r"which is $\frac{72}{6}$, or $\boxed{12}$.", "12"),        # MATH restates into its box
-    (r"\boxed{5} or 6", "5"),                                  # outside a box nothing is read
-    # Nothing else pays: the rules for "the answer is" and for the last number are gone
-    ("The answer is 12. Check: 12 + 1 = 13", None),
+    (r"put it in \boxed{}. So \boxed{5}", "5"),                 # an empty box is skipped
+    (r"\boxed{5}, as asked in \boxed{}", "5"),
+    (r"\boxed{5} then \boxed{ $ $ } and \boxed{\text{}}", "5"),  # spacing, math mode: empty too
+    (r"\boxed{5} \boxed{~} \boxed{\quad} \boxed{\phantom{0}}", "5"),
+    (r"put it in \boxed{}." "\n#### 7\n", "7"),                 # only empty boxes: the #### line
+    (r"\boxed{5} or \boxed{6}", "5 | 6"),                       # every box: two spellings
+    (r"$\boxed{5}$ and $\boxed{ 5 }$ and \boxed{\text{5}}", "5"),  # one spelling, three times
+    (r"first \boxed{3}, on reflection \boxed{5}", "3 | 5"),
+    (r"\boxed{\boxed{5}}", r"\boxed{5} | 5"),                   # boxes at any depth
+    (r"which is $\frac{72}{6}$, or $\boxed{12}$.", "12"),
+    (r"\boxed{5} or 6", "5"),                                   # outside a box nothing is read
+    ("The answer is 12. Check: 12 + 1 = 13", None),            # nor in prose
     (r"The answer is $\frac{1}{2}$.", None),
     ("so x = 5 and y = -3", None),
     (r"answer in \boxed{}. 3 + 4 = 7", None),
@@ -70,75 +93,159 @@ def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
-# -----------------------------------------------------------------------------
-# The cases found paid: each is paid on the grader this replaced and refused now. Each row: a
-# completion and the references it must score 0 against (the grader it replaced paid at least one).
+def test_final_answers_stop_past_the_limit():
+    text = "".join(f"\\boxed{{{i}}}" for i in range(1000))
+    assert final_answers(text) == [str(i) for i in range(grader.MAX_SPELLINGS + 1)]
+    assert score([text], ["0"])[1]["hedge"] == 1
 
+
+# -----------------------------------------------------------------------------
+# The classes of answers found paid, or refused, against the rules. Each row: (completion,
+# reference, reward, outcome). The grader this replaced gave every row another reward but the nine
+# marked "kept" (two of them 0 as "wrong", not as a hedge).
+
+FOUND = [
+    # 1. boxes that disagree are a hedge, whatever stands between them
+    (r"\boxed{5} / \boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5} (or \boxed{6})", "6", 0.0, "hedge"),
+    (r"**\boxed{5}** or **\boxed{6}**", "6", 0.0, "hedge"),
+    ("- \\boxed{5}\n- \\boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5} vs. \boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5}, or possibly \boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5} \to \boxed{6}", "6", 0.0, "hedge"),
+    (r"$\boxed{5}$ | $\boxed{6}$", "6", 0.0, "hedge"),
+    (r"\boxed{5} \& \boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5}; alternatively \boxed{6}", "6", 0.0, "hedge"),
+    (r"\boxed{5} \text{ or perhaps } \boxed{6}", "6", 0.0, "hedge"),
+    ("\\boxed{5}\n\nWait, actually \\boxed{6}", "6", 0.0, "hedge"),
+    (r"first \boxed{3}, on reflection \boxed{5}", "5", 0.0, "hedge"),
+    (r"\fbox{5}. Final: \boxed{6}", "6", 0.0, "hedge"),
+    ("#### 5\n#### 6\n", "6", 0.0, "hedge"),
+    # 2. nested boxes: every box counts, the outer one read with the inner unwrapped
+    (r"\boxed{\boxed{5} \text{ or } 6}", "5", 0.0, "hedge"),
+    (r"\boxed{\text{not } \boxed{5}}", "5", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} - 1}", "4", 0.0, "hedge"),               # kept: 0, then as "wrong"
+    (r"\boxed{6 \boxed{5}}", "5", 0.0, "hedge"),
+    (r"\fbox{\boxed{5} or 6}", "5", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} \text{ is wrong; } 6}", "5", 0.0, "hedge"),
+    (r"\boxed{\boxed{5} \text{ is wrong; } 6}", "6", 0.0, "hedge"),  # kept: 0, then "wrong"
+    # 3. a word that is no unit makes a box no value (not a unit dropped)
+    (r"\boxed{6 \text{ doubled}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ halved}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ elevenths}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ plus three}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ point five}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ negative}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ thousand three hundred}}", "6000", 0.0, "wrong"),
+    (r"\boxed{6 \text{ inverse}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ reciprocal}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ twice}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ negated}}", "6", 0.0, "wrong"),
+    (r"\boxed{6 \text{ tenfold}}", "6", 0.0, "wrong"),
+    ("#### 6 doubled\n", "6", 0.0, "wrong"),
+    # 4. an operator is no value, never one of its sides
+    (r"\boxed{5 \wedge 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 = 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \to 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \Rightarrow 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \implies 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \approx 6}", "5", 0.0, "wrong"),
+    (r"\boxed{5 \sim 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \cup 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \setminus 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \perp 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 \circ 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 & 6}", "6", 0.0, "wrong"),
+    (r"\boxed{5 -> 6}", "6", 0.0, "wrong"),
+    (r"\boxed{x = 5 = 6}", "6", 0.0, "wrong"),
+    (r"\boxed{x^2 + y^2 = 13}", "13", 0.0, "wrong"),            # an equation is no number
+    (r"\boxed{5 \ldots 6}", "11", 0.0, "wrong"),
+    (r"\boxed{5'6}", "56", 0.0, "wrong"),
+    (r"\boxed{6 inf}", r"\infty", 0.0, "wrong"),                 # letters are letters: i n f
+    (r"\boxed{5 pct}", "0.05", 0.0, "wrong"),
+    # 5. digits apart are one number only as thousands groups; numbers side by side are no value
+    (r"\boxed{12 34}", "1234", 0.0, "wrong"),
+    (r"\boxed{12\,34}", "1234", 0.0, "wrong"),
+    (r"\boxed{12~34}", "1234", 0.0, "wrong"),                    # kept
+    (r"\boxed{5 \quad 6}", "11", 0.0, "wrong"),
+    (r"\boxed{(5)(6)}", "11", 0.0, "wrong"),
+    (r"\boxed{2(3)}", "5", 0.0, "wrong"),
+    (r"\boxed{{5}{6}}", "11", 0.0, "wrong"),
+    (r"\boxed{[5] 6}", "11", 0.0, "wrong"),
+    # 6. and what the old rules refused that is one answer
+    ("\\boxed{6}\n\nNote that \\boxed\nwas used.", "6", 1.0, "correct"),
+    (r"\boxed{6} and later \boxed{~}", "6", 1.0, "correct"),
+    (r"\boxed{6} and later \boxed{\quad}", "6", 1.0, "correct"),
+    (r"\boxed{6} and later \boxed{\phantom{6}}", "6", 1.0, "correct"),  # kept
+    ("#### **18**\n", "18", 1.0, "correct"),
+    ("#### *18*\n", "18", 1.0, "correct"),
+    ("#### __18__\n", "18", 1.0, "correct"),
+    (r"\boxed{1\,000}", "1000", 1.0, "correct"),               # kept: thousands groups
+    (r"\boxed{1 000 000}", "1000000", 1.0, "correct"),          # kept
+    (r"\boxed{\boxed{5}}", "5", 1.0, "correct"),                # kept: boxes that agree
+    (r"\boxed{5} and so \boxed{5.0}", "5", 1.0, "correct"),     # kept
+    (r"\boxed{\frac{1}{2}}, i.e. \boxed{0.5}", "0.5", 1.0, "correct"),  # kept
+]
+
+
+@pytest.mark.parametrize("text, reference, reward_, outcome", FOUND)
+def test_found(text, reference, reward_, outcome, patient):
+    assert grade(text, reference) == reward_
+    assert reward._judge(text, reference, False) == (reward_, outcome)
+
+
+def test_found_table_covers_every_class():
+    assert len(FOUND) >= 60 and {o for *_, o in FOUND} == {"hedge", "wrong", "correct"}
+
+
+# Found paid by earlier graders: prose is never read
 W = "Janet has 6 + 6 = 12 eggs.\n"
 FOUND_PAID = [
-    # several values in one box
-    (r"\boxed{1 \\ 2 \\ 3 \\ 4 \\ 6}", ["6"]),
-    (r"\boxed{5 \lor 6}", ["5", "6"]),
-    (r"\boxed{5 \vee 6}", ["5", "6"]),
-    (r"\boxed{1 \mid 2 \mid 6}", ["1", "6"]),
-    # hedges the list of spellings missed
     ("The answer is 5 OR 6.", ["5", "6"]),
     ("The answer is 5, or maybe 6.", ["5", "6"]),
     ("The answer is 5 (or 6).", ["5", "6"]),
-    ("The answer is 5 apples or 6 apples.", ["5", "6"]),
     ("The answer is 5\nor 6", ["5", "6"]),
-    (r"\boxed{5}\quad\text{or}\quad\boxed{6}", ["5", "6"]),
-    (r"$\boxed{\frac{\sqrt{3}}{2}}$ or $\boxed{1}$", [r"\frac{\sqrt{3}}{2}", "1"]),
-    # words around a number after "the answer is"
     ("The answer is not 5; it is 7.", ["5", "7"]),
     ("The answer is negative 5.", ["5"]),
-    ("The answer is less than 5.", ["5"]),
     ("The answer is at least 5.", ["5"]),
-    ("The answer is 5 to 6.", ["5", "6"]),
     ("The answer is between 5 and 6.", ["5", "6"]),
     ("The answer is 5. Wait, no: 6.", ["5", "6"]),
-    ("#### 5, 6", ["5", "6"]),
     ("Answer: 5 or 6", ["5", "6"]),
     (W + "The answer is eleven.", ["11", "12"]),
 ]
 
 
 @pytest.mark.parametrize("text, references", FOUND_PAID)
-def test_found_paid_now_scores_zero(text, references, patient):
+def test_prose_is_never_read(text, references, patient):
     assert [grade(text, r) for r in references] == [0.0] * len(references)
 
 
-def test_one_value_twice_is_no_hedge(patient):
-    # a hedge needs two different values: 5 and 5.0 are one (it was graded 0 as a hedge)
-    assert grade(r"\boxed{5 \text{ or } 5.0}", "5") == 1.0
-    assert grade(r"\boxed{5} or \boxed{5.0}", "5") == 1.0
-    assert grade(r"$\boxed{x+11}$ or $\boxed{11+x}$", "x+11") == 1.0  # equal by math-verify
-
-
-# The same words in the asked format: read as a whole, never a number picked out of them.
+# The same words in the asked format: one box or line, read as a whole, is no value
 IN_FORMAT = [
-    ("#### not 5; it is 7\n", ["5", "7"]),              # two values: a hedge
-    ("#### negative 5\n", ["5"]),                       # one value, which is no number
+    ("#### not 5; it is 7\n", ["5", "7"]),
+    ("#### negative 5\n", ["5"]),
     ("#### less than 5\n", ["5"]),
     ("#### at least 5\n", ["5"]),
     ("#### 5 to 6\n", ["5", "6"]),
     ("#### between 5 and 6\n", ["5", "6"]),
     ("#### 5. Wait, no: 6.\n", ["5", "6"]),
     ("#### eleven\n", ["11"]),
-    ("#### 5 OR 6\n", ["5", "6"]),
-    ("#### 5 (or 6)\n", ["5", "6"]),                    # "or" splits inside brackets too
+    ("#### 5 OR 6\n", ["5", "6"]),                      # a list: not 5, not 6
+    ("#### 5 (or 6)\n", ["5", "6"]),
+    ("#### 5, 6\n", ["5", "6"]),
     ("#### 5 apples or 6 apples\n", ["5", "6"]),
     (r"\boxed{5 \text{ OR } 6}", ["5", "6"]),
     (r"\boxed{5, \text{ or maybe } 6}", ["5", "6"]),
     (r"\boxed{5 (\text{or } 6)}", ["5", "6"]),
-    (r"\boxed{5 \text{,} 6}", ["5", "6"]),
     (r"\boxed{\text{not } 5}", ["5"]),
     (r"\boxed{\text{at least } 5}", ["5"]),
     (r"\boxed{5 \text{ to } 6}", ["5", "6"]),
     (r"\boxed{5; 6}", ["5", "6"]),
     (r"\boxed{5 \text{ and } 6}", ["5", "6"]),
-    (r"\boxed{5}, \boxed{6}", ["5", "6"]),
-    (r"\boxed{5} and \boxed{6}", ["5", "6"]),
+    (r"\boxed{1 \\ 2 \\ 3 \\ 4 \\ 6}", ["6"]),
+    (r"\boxed{5 \lor 6}", ["5", "6"]),
+    (r"\boxed{5 \vee 6}", ["5", "6"]),
+    (r"\boxed{1 \mid 2 \mid 6}", ["1", "6"]),
     (r"\boxed{\pm 5}", ["5", "-5"]),                    # \pm is two values
     (r"\boxed{5 \pm 1}", ["4", "6"]),
     (r"\boxed{5 \mp 1}", ["4", "6"]),
@@ -151,94 +258,98 @@ def test_words_in_the_asked_format_are_read_whole(text, references, patient):
 
 
 # -----------------------------------------------------------------------------
-# Values: how many an answer offers, against how many the reference holds
+# read: one value, or None
 
-@pytest.mark.parametrize("answer, expected", [
-    ("5", ["5"]),
-    ("1,080", ["1,080"]),                                       # thousands separators
-    (r"11,\! 111,\! 100", [r"11,\! 111,\! 100"]),
-    ("1, 080", ["1", "080"]),                                   # a comma and a space: a list
-    ("5,6", ["5", "6"]),
-    (r"1 \\ 2 \\ 6", ["1", "2", "6"]),
-    (r"5 \lor 6", ["5", "6"]),
-    (r"5 \vee 6", ["5", "6"]),
-    (r"1 \mid 6", ["1", "6"]),
-    ("5; 6", ["5", "6"]),
-    ("5 or 6", ["5", "6"]),
-    ("5 AND 6", ["5", "6"]),
-    (r"5 \text{ or } 6", ["5", "6"]),
-    (r"x = 2 \text{ or } x = 3", ["x = 2", "x = 3"]),
-    (r"1 \pm \sqrt{19}", [r"1 + \sqrt{19}", r"1 - \sqrt{19}"]),
-    (r"\pm 3", ["+ 3", "- 3"]),
-    (r"a \mp b", ["a - b", "a + b"]),
-    (r"\frac{1 \pm \sqrt{5}}{2}", [r"\frac{1 + \sqrt{5}}{2}", r"\frac{1 - \sqrt{5}}{2}"]),
-    ("(3, 4)", ["(3, 4)"]),                                     # brackets hold one value
-    (r"\left( 3, \frac{\pi}{2} \right)", [r"\left( 3, \frac{\pi}{2} \right)"]),
-    ("[1, 2)", ["[1, 2)"]),
-    (r"\{1, 2\}", [r"\{1, 2\}"]),
-    (r"\{x \mid x > 0\}", [r"\{x \mid x > 0\}"]),
-    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", [r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"]),
-    (r"(0,9) \cup (9,36)", [r"(0,9) \cup (9,36)"]),
-    (r"\text{Evelyn}", [r"\text{Evelyn}"]),
-    ("OR", ["OR"]),                                             # nothing between separators
-    ("5 or", ["5"]),
+@pytest.mark.parametrize("answer, kind, shape", [
+    ("18", "number", "one"),
+    (r"\$1,000", "number", "one"),
+    (r"1.5 \text{ million dollars}", "number", "one"),
+    ("x = -5", "number", "one"),
+    (r"\frac{\sqrt{3}}{2}", "math", "one"),
+    (r"y = 2x + 3", "math", "one"),                             # var = value is the value
+    (r"x^2 + y^2 = 13", "math", "equation"),
+    (r"x > 2", "math", "interval"),
+    (r"-1 < x \le 3", "math", "interval"),
+    ("(3, 4)", "math", "interval"),                             # a pair or an open interval
+    (r"[0, \infty)", "math", "interval"),
+    (r"(0,9) \cup (9,36)", "math", "interval"),
+    ("3, 4", "math", "list"),                                   # solutions
+    (r"\{1, 2\}", "math", "list"),
+    (r"x = 2 \text{ or } x = 3", "math", "list"),
+    (r"1 \pm \sqrt{19}", "math", "list"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", "math", "one"),
+    (r"\text{Evelyn}", "text", "one"),
+    (r"(\text{E})", "text", "one"),
+    (r"\log_2 8 + \sin^2 x + |y| + \lfloor z \rfloor", "math", "one"),
+    (r"2\sqrt[3]{x} e^{i\pi} \binom{5}{2} \overline{CD} 3!", "math", "one"),
 ])
-def test_values(answer, expected):
-    assert grader.values(answer) == expected
+def test_read_values(answer, kind, shape):
+    value = read(answer)
+    assert (value.kind, value.shape) == (kind, shape)
+
+
+@pytest.mark.parametrize("answer", [
+    r"5 \wedge 6", "5 = 6", r"5 \to 6", r"x = 5 = 6", "12 34", "(5)(6)", r"1.5 \frac{1}{2}",
+    r"6 \text{ doubled}", r"\text{not } 5", r"5 \cup 6", "x_6_7", "5'6", r"5 \ldots 6", "5 & 6",
+    r"1 \\ 2", r"\frac{1}{2", r"\sqrt", r"\binom 5 2", r"\begin{foo} 1 \end{foo}", "5 < 6",
+    r"\mathbb{5}", "", "   ", "x" * (grader.MAX_SYMBOLIC_CHARS + 1), r"2^{2^{40}}",
+])
+def test_read_refuses(answer):
+    assert read(answer) is None
 
 
 def test_long_answers_are_compared_as_strings():
-    # over MAX_SYMBOLIC_CHARS no value is counted: only the reference's own spelling could pass
+    # over MAX_SYMBOLIC_CHARS nothing is read: only the reference's own spelling could pass
     many = ", ".join(str(i) for i in range(1000))
-    assert grader.judge(many, "5") == "wrong" and grader.judge(many, many) == "correct"
+    assert grader.compare(many, "5") == "wrong" and grader.compare(many, many) == "correct"
 
 
-@pytest.mark.parametrize("answer, reference, expected", [
-    ("5", "5", "correct"),
-    ("5, 6", "5", "hedge"),
-    ("5, 6", "6", "hedge"),
-    ("5, 6", "5, 6", "correct"),                                # a list against a list: as one
-    ("6, 5", "5, 6", "correct"),
-    ("5, 7", "5, 6", "wrong"),
-    ("5", "5, 6", "wrong"),                                     # fewer values: compared, wrong
-    ("5, 6, 7", "5, 6", "hedge"),
-    ("5, 5, 6", "5, 6", "correct"),                             # the same value twice is one
-    (r"5 \text{ or } 5.0", "5", "correct"),
-    (r"5 \pm 0", "5", "correct"),
-    ("(3, 4)", "(3, 4)", "correct"),
-    ("3, 4", "(3, 4)", "hedge"),                                # [ours] write a pair as a pair
-    (r"1 \pm \sqrt{19}", r"1 \pm \sqrt{19}", "correct"),
-    (r"1 + \sqrt{19}, 1 - \sqrt{19}", r"1 \pm \sqrt{19}", "correct"),
-    (r"1 + \sqrt{19}", r"1 \pm \sqrt{19}", "wrong"),
-    ("3, -3", r"\pm 3", "correct"),
-    (r"\pm 3", "3", "hedge"),
-    # [ours] equations joined by "or" are a set of solutions: as many values as the reference's
-    (r"x = 2 \text{ or } x = 3", "2, 3", "correct"),
-    (r"x = 2 \text{ or } x = 3", r"2 \text{ or } 3", "correct"),
-    (r"x = 2 \text{ or } x = 3", r"x = 2 \text{ or } x = 3", "correct"),
-    (r"x = 2 \text{ or } x = 3", "3, 2", "correct"),
-    (r"x = 2 \text{ or } x = 3", "2", "hedge"),
-    (r"x = 2 \text{ or } x = 3", "2, 4", "wrong"),
+@pytest.mark.parametrize("answers, reference, expected", [
+    (["5"], "5", "correct"),
+    (["5", "6"], "5", "hedge"),
+    (["5", "6"], "6", "hedge"),
+    (["5, 6"], "5", "wrong"),                                   # one box with a list: a value
+    (["5, 6"], "5, 6", "correct"),
+    (["6, 5"], "5, 6", "correct"),
+    (["5, 7"], "5, 6", "wrong"),
+    (["5"], "5, 6", "wrong"),
+    (["5", "5.0", r"\frac{10}{2}"], "5", "correct"),            # one value, three spellings
+    (["x+11", "11+x"], "x+11", "correct"),                      # equal by math-verify
+    ([r"5 \text{ or } 5.0"], "5", "wrong"),                     # a list of two is no number
+    (["(3, 4)"], "(3, 4)", "correct"),
+    (["3, 4"], "(3, 4)", "wrong"),                              # [ours] write a pair as a pair
+    ([r"1 \pm \sqrt{19}"], r"1 \pm \sqrt{19}", "correct"),
+    ([r"1 + \sqrt{19}, 1 - \sqrt{19}"], r"1 \pm \sqrt{19}", "correct"),
+    ([r"1 + \sqrt{19}"], r"1 \pm \sqrt{19}", "wrong"),
+    (["3, -3"], r"\pm 3", "correct"),
+    ([r"\pm 3"], "3", "wrong"),
+    ([r"x = 2 \text{ or } x = 3"], "2, 3", "correct"),          # equations joined by or: a list
+    ([r"x = 2 \text{ or } x = 3"], r"2 \text{ or } 3", "correct"),
+    ([r"x = 2 \text{ or } x = 3"], "3, 2", "correct"),
+    ([r"x = 2 \text{ or } x = 3"], "2", "wrong"),
+    ([r"x = 2 \text{ or } x = 3"], "2, 4", "wrong"),
+    (["2", "3"], "2, 3", "hedge"),                              # two boxes are two answers
+    ([r"6 \text{ doubled}", "12"], "12", "hedge"),              # no value disagrees with any
 ])
-def test_judge_counts_values(answer, reference, expected, patient):
-    assert grader.judge(answer, reference) == expected
+def test_judge(answers, reference, expected, patient):
+    assert grader.judge(answers, reference) == expected
 
 
-def test_telling_values_apart_has_a_budget(warm):
-    # Two values sympy cannot tell apart within half the deadline count as different: a hedge, in
-    # under a second, rather than an unbounded wait.
+def test_telling_spellings_apart_has_a_budget(warm):
+    # Two spellings sympy cannot tell apart within half the deadline count as different: a hedge,
+    # in under a second, rather than an unbounded wait.
     t0 = time.perf_counter()
-    assert grader.judge(r"(x+y+z)^{40}, (x+y+z+1)^{40}", "3") == "hedge"
+    assert grader.judge(["(x+y+z)^{40}", "(x+y+z+1)^{40}"], "3") == "hedge"
     assert time.perf_counter() - t0 < 1.0
 
 
 def test_hedges_score_zero_and_are_counted():
     completions = [r"\boxed{5} or \boxed{6}", r"\boxed{5, 6}", r"\boxed{5}", r"\boxed{6}",
-                   "The answer is 5.", r"\boxed{5, 6}"]
-    rewards, stats = score(completions, ["5", "6", "5", "5", "5", "6, 5"])
-    assert rewards == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-    assert stats == {"n": 6, "correct": 2, "no_answer": 1, "hedge": 2, "timeout": 0, "error": 0,
-                     "accuracy": 2 / 6}
+                   "The answer is 5.", r"\boxed{5, 6}", r"\boxed{6} and \boxed{5}"]
+    rewards, stats = score(completions, ["5", "6", "5", "5", "5", "6, 5", "6, 5"])
+    assert rewards == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert stats == {"n": 7, "correct": 2, "no_answer": 1, "hedge": 2, "timeout": 0, "error": 0,
+                     "accuracy": 2 / 7}
 
 
 # -----------------------------------------------------------------------------
@@ -250,10 +361,12 @@ TRUNCATED = [  # (completion cut off at max_new_tokens, its answer when truncate
     ("#### 1,0", None, "1,0"),                                         # the number may be cut
     ("#### 7", None, "7"),                                             #   (7, 75, 7.5, 7/8, ...)
     ("#### 7 dollars and", None, "7 dollars and"),                     #   its line never ended
+    ("#### 7\n#### 7", None, "7"),                                     #   the last one counts
     (r"so \boxed 7", None, "7"),                                       # a brace-less box, the same
     (r"so \boxed 7 and more", "7", "7"),
-    (r"\boxed{5} or \boxed{7} then", "5, 7", "5, 7"),                  # closed boxes, joined
+    (r"\boxed{5} or \boxed{7} then", "5 | 7", "5 | 7"),                # closed boxes
     (r"\boxed{7} and then \boxed{1", None, None),                     # a box cut off mid-answer
+    (r"\boxed{7} and then \boxed", None, None),
     ("Step 1: 3 + 4 = 7. Step 2: 7", None, None),                     # no answer in the format
     ("", None, None),
 ]
@@ -263,7 +376,7 @@ TRUNCATED = [  # (completion cut off at max_new_tokens, its answer when truncate
 def test_truncated_completions_need_an_explicit_answer(text, cut, whole):
     assert extract_answer(text, truncated=True) == cut
     assert extract_answer(text) == extract_answer(text, truncated=False) == whole
-    reference = whole or "7"
+    reference = "7"
     assert grade(text, reference, truncated=True) == (0.0 if cut is None
                                                       else grade(text, reference))
 
@@ -276,6 +389,8 @@ def test_truncation_flag_is_checked():
             grade("#### 7", "7", truncated=bad)
     with pytest.raises(ValueError, match="truncated"):
         score(["#### 7"], ["7"], truncated=[True, False])  # one flag per completion
+    with pytest.raises(ValueError, match="decode"):
+        extract_answer(b"#### 7")
 
 
 def test_score_with_truncation_flags():
@@ -299,7 +414,6 @@ RIGHT = [
     ("9 * 2 = 18 dollars\n#### 18 dollars\n", "18"),
     (r"\fbox{7}", "7"),
     (r"\boxed 7", "7"),
-    (r"first \boxed{3}, on reflection \boxed{5}", "5"),
     # numbers as numbers: commas, $, units, trailing .0, percent, fractions, degrees
     (r"\boxed{1,000}", "1000"),
     (r"\boxed{1,\!000}", "1000"),
@@ -357,7 +471,7 @@ RIGHT = [
     (r"\boxed{(-\infty, 0]}", r"(-\infty,0]"),
     (r"\boxed{x \in [-2,7]}", "[-2,7]"),
     (r"\boxed{3, 5, 7}", "7, 5, 3"),                                    # sets of solutions
-    (r"$\boxed{3}$ and $\boxed{7}$", "3, 7"),                          #   boxed one by one
+    (r"\boxed{x = 3 \text{ or } x = 7}", "3, 7"),
     (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
     (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}"),                       # \text{}
     (r"\boxed{Evelyn}", r"\text{Evelyn}"),
@@ -403,7 +517,8 @@ WRONG = [
     (r"\boxed{17} #### 18", "18"),
     ("#### 17\nbut really 18", "18"),
     ("The answer is 17. Check: 18", "18"),
-    (r"\boxed{3} then \boxed{5}", "3"),
+    (r"\boxed{3} then \boxed{5}", "3"),                # two boxes that disagree: a hedge
+    (r"$\boxed{3}$ and $\boxed{7}$", "3, 7"),         #   even where they are both solutions
     ("The answer is 18.", "18"),                     # no answer in the asked format
     ("so she makes 9 * 2 = 18 dollars", "18"),
     # no answer at all
@@ -470,8 +585,6 @@ UNITS = [
     (r"2 \text{ hours and } 30 \text{ minutes}", "2", 0.0),  # was 1: "and 30" is no unit
     (r"5 \text{ m}", "5", 0.0),                  # was 1 [ours]: a single letter is never a unit,
                                                  #   not even m for meters: as likely a variable
-    (r"7 \text{ pm}", "7", 0.0),                 # was 1 [ours]: an unlisted two-letter word decides
-                                                 #   nothing in the fast path; math-verify says no
     ("2 dozen", "24", 1.0),                      # was 0
     ("3 hundred thousand", "300000", 1.0),       # was 0
     (r"5 \text{ million}", "5000000", 1.0),      # was 0
@@ -490,7 +603,7 @@ UNITS = [
     (r"2\frac{1}{2}", "1", 0.0),                 # a mixed number, not 2 times 1/2
     ("3 4/2", "5", 0.0),                         # no proper fraction: no mixed number we read
     (r"\text{18 dollars}", "18", 1.0),           # units and nouns are dropped
-    ("42 apples", "42", 1.0),
+    ("42 apples", "42", 0.0),                    # [ours] "apples" is no unit: 42 a p p l e s
     (r"2 \mathrm{cm}", "2", 1.0),
     (r"4 \text{ km}^2", "4", 1.0),
     ("15cm", "15", 1.0),
@@ -534,13 +647,30 @@ def test_words_after_a_number_in_a_hash_line(text, reference, expected, patient)
     assert grade(text, reference) == expected
 
 
+@pytest.mark.parametrize("answer, reference, expected", [
+    ("575", r"575\text{ students}", 1.0),      # [ours] the data set's own last words are dropped
+    (r"575 \text{ students}", "575", 0.0),     #   a completion's must be units
+    ("7", r"7 \text{ pm}", 1.0),
+    (r"7 \text{ pm}", "7", 0.0),
+    ("65", r"65 \text{ children tickets }", 1.0),
+    (r"65 \text{ children}", r"65 \text{ children tickets }", 0.0),
+    (r"65 \text{ children tickets}", r"65 \text{ children tickets }", 1.0),  # the same spelling
+    ("1.5", r"1.5\text{ million}", 0.0),       #   never a scale word
+    ("12, 13", r"12\text{ and }13", 1.0),      #   and "and" joins a list
+    ("12", r"12\text{ and }13", 0.0),
+])
+def test_a_references_own_words(answer, reference, expected, patient):
+    assert grade(f"\\boxed{{{answer}}}", reference) == expected
+
+
 def test_scale_words_and_mixed_numbers_are_exact(patient):
     # Fraction arithmetic, no float: 1.5 million is 1500000 exactly, one more is not equal
-    assert grader._as_number(r"1.5 \text{ million}") == (1500000, True)
+    assert grader._as_number(r"1.5 \text{ million}") == (1500000, True, False)
     assert grader._as_number("3 1/2") == grader._as_number(r"3\frac{1}{2}") \
-        == (Fraction(7, 2), False)
-    assert grader._as_number("-3 1/2") == (Fraction(-7, 2), False)
-    assert grader._as_number("1.2 trillion dollars") == (1_200_000_000_000, True)
+        == (Fraction(7, 2), False, False)
+    assert grader._as_number("-3 1/2") == (Fraction(-7, 2), False, False)
+    assert grader._as_number("1.2 trillion dollars") == (1_200_000_000_000, True, False)
+    assert grader._as_number("50%") == (Fraction(1, 2), False, True)
     assert grade(r"\boxed{1.5 million}", "1500001") == 0.0
     for not_plain in [r"2\mathrm{i}", "2 pi", "2 xy", r"5 \text{ m}", "2 sin", "5 million^2",
                       "3 4/2"]:
@@ -641,7 +771,7 @@ def test_numbers_never_reach_math_verify(monkeypatch):
             (text, "18", 1.0), (text, "19", 0.0), ("#### 1,080", "1080", 1.0),
             ("\\boxed{3/4}", "0.75", 1.0), ("\\boxed{25\\%}", "25", 1.0),
             ("\\boxed{1.5 \\text{ million}}", "1500000", 1.0),
-            ("\\boxed{5 million}", "5", 0.0), ("\\boxed{42 apples}", "42", 1.0),
+            ("\\boxed{5 million}", "5", 0.0), ("\\boxed{42 \\text{ dollars}}", "42", 1.0),
             ("\\boxed{3 1/2}", "3.5", 1.0), ("\\boxed{3\\frac{1}{2}}", "3.5", 1.0)]:
         assert grade(completion, reference) == expected
 
@@ -676,6 +806,10 @@ ADVERSARIAL = {
     "many equal values": r"\boxed{" + ", ".join(["x+1", "1+x"] * 20) + "}",
     "many plus-minus": r"\boxed{1" + r" \pm 1" * 40 + "}",
     "a long #### line": "#### " + "3 or " * 50_000,
+    # the three slow inputs found: seconds each, spent backtracking in two regular expressions
+    "spaces in a \\text{ between boxes": "\\boxed{5}\\text{" + " " * 400 + "\\boxed{6}",
+    "newlines in a \\text{ between boxes": "\\boxed{5}\\text{" + "\n" * 300 + "\\boxed{6}",
+    "spaces after a caret": "\\boxed{^" + " " * 20_000 + "}",
 }
 
 
@@ -834,7 +968,151 @@ def test_fuzz_never_raises_and_never_hangs(monkeypatch):
 
 
 # -----------------------------------------------------------------------------
-# The real references: GSM8K test and MATH-500
+# Linear time, by construction: no regular expression of reward.py or the grader nests or chains
+# unbounded repeats, and each one, and grade itself, is fed long runs of one character
+
+try:  # re's own parser: re._parser from Python 3.11, sre_parse before
+    _re_parser = importlib.import_module("re._parser")
+except ImportError:
+    _re_parser = importlib.import_module("sre_parse")
+_re_constants = _re_parser  # it re-exports the opcodes: MAX_REPEAT, SUBPATTERN, BRANCH, ...
+
+_REPEATS = {_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT}
+
+
+def _patterns():
+    """Every compiled regular expression at module level in reward.py and machinery/grader.py."""
+    return {f"{m.__name__}.{name}": value for m in (reward, grader)
+            for name, value in vars(m).items() if isinstance(value, re.Pattern)}
+
+
+def _shape(items, problems):
+    """(can match nothing, can begin with an unbounded repeat, can end with one) for a parsed
+    sequence, appending to `problems` each unbounded repeat nested in another ("nested") and each
+    two that can meet with nothing but optional items between them ("adjacent")."""
+    nullable, starts, open_end = True, False, False
+    for op, av in items:
+        if op in _REPEATS:
+            low, high, body = av
+            n, s, e = _shape(body, problems)
+            unbounded = high == _re_constants.MAXREPEAT
+            if unbounded and _has_unbounded(body):
+                problems.append("nested")
+            n, s, e = low == 0 or n, unbounded or s, unbounded or e
+        elif op == _re_constants.SUBPATTERN:
+            n, s, e = _shape(av[-1], problems)
+        elif op == _re_constants.BRANCH:
+            shapes = [_shape(branch, problems) for branch in av[1]]
+            n, s, e = (any(x[k] for x in shapes) for k in range(3))
+        else:  # a character, a class, an assertion, an anchor
+            n, s, e = op in (_re_constants.ASSERT, _re_constants.ASSERT_NOT, _re_constants.AT), \
+                False, False
+        if open_end and s:
+            problems.append("adjacent")
+        starts = starts or nullable and s
+        open_end, nullable = e or open_end and n, nullable and n
+    return nullable, starts, open_end
+
+
+def _has_unbounded(items):
+    for op, av in items:
+        if op in _REPEATS and (av[1] == _re_constants.MAXREPEAT or _has_unbounded(av[2])):
+            return True
+        if op == _re_constants.SUBPATTERN and _has_unbounded(av[-1]):
+            return True
+        if op == _re_constants.BRANCH and any(_has_unbounded(b) for b in av[1]):
+            return True
+    return False
+
+
+def _problems(pattern, flags=0):
+    problems = []
+    _shape(_re_parser.parse(pattern, flags), problems)
+    return problems
+
+
+def test_the_pattern_check_finds_backtracking():
+    # the patterns the issue found slow, and the shapes of catastrophic backtracking
+    for bad in [r"\^\s*\{?\s*\\circ", r"(?:\s|x)*\{\s*,?\s*(?:or)?\s*,?\s*\}", r"(a+)+",
+                r"\w*\s*=", r"(?:\s*x?)*"]:
+        assert _problems(bad), bad
+    for good in [r"\d+(?:\.\d+)?", r"x(?:a|b)*y", r"\\text ?\{([^{}]*)\}", r"\s+"]:
+        assert not _problems(good), good
+
+
+def test_no_pattern_nests_or_chains_unbounded_repeats():
+    found = _patterns()
+    assert len(found) >= 20 and "machinery.grader._TEXT" in found
+    assert {name: p for name, p in ((n, _problems(v.pattern, v.flags)) for n, v in found.items())
+            if p} == {}
+
+
+# What each pattern and grade are fed: a prefix that starts a partial match, then a long run of one
+# character (or two) on which a backtracking pattern would try every split
+PREFIXES = ["", "^", "\\text{", "{", "5", "\\"]
+RUNS = {"spaces": " ", "newlines": "\n", "open braces": "{", "close braces": "}",
+        "\\text{": "\\text{", "digits": "7", "letters": "a", "words": "a "}
+
+
+def _run(unit, n):
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+def _seconds_in_a_child(fn, limit):
+    """The seconds fn() took, timed inside a forked child (the imports, the grader's warm-up and
+    fn's input all made once, in this process), or inf when the child ran past `limit`: a run that
+    backtracks catastrophically takes minutes and is killed."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child():
+        t0 = time.perf_counter()
+        fn()
+        send.send(time.perf_counter() - t0)
+
+    process = context.Process(target=child)
+    process.start()
+    seconds = receive.recv() if receive.poll(limit) else float("inf")
+    if process.is_alive():
+        process.kill()
+    process.join()
+    return seconds
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_every_pattern_is_linear_on_long_runs():
+    # each pattern, search and fullmatch, on every prefix and 100,000 characters of every run: a
+    # linear pattern takes milliseconds on each, a quadratic one minutes (the one the issue found
+    # in the degree sign, \^\s*\{?\s*\\circ, takes seconds on "^" and 20,000 spaces)
+    texts = [prefix + _run(unit, 100_000) for prefix in PREFIXES for unit in RUNS.values()]
+
+    def use(pattern):
+        for text in texts:
+            pattern.search(text), pattern.fullmatch(text)
+
+    slow = {name: seconds for name, pattern in _patterns().items()
+            if (seconds := _seconds_in_a_child(lambda: use(pattern), 20)) > 5.0}
+    assert slow == {}
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_grade_is_fast_on_long_runs(warm):
+    # grade on each run, after each prefix and around boxes, each in its own process: within 0.3 s
+    # for 10,000 characters, 1 s for 100,000
+    slow = {}
+    for n, limit in ((10_000, 0.3), (100_000, 1.0)):
+        for unit in RUNS.values():
+            run = _run(unit, n)
+            around = ["\\boxed{5}" + run + "\\boxed{6}", "\\boxed{" + run + "}", "#### " + run + "\n"]
+            for text in [prefix + run for prefix in PREFIXES] + around:
+                seconds = _seconds_in_a_child(lambda: grade(text, "3"), 10 * limit)
+                if seconds > limit:
+                    slow[f"{n} {text[:20]!r}"] = seconds
+    assert slow == {}
+
+
+# -----------------------------------------------------------------------------
+# The real references and solutions: GSM8K and MATH
 
 def _jsonl(path):
     with open(path) as f:
@@ -861,7 +1139,17 @@ def test_gsm8k_references():
     pairs = [(a, b) for a, b in zip(refs, refs[1:] + refs[:1]) if a != b]
     failures = [(a, b) for a, b in pairs if grade(f"\\boxed{{{a}}}", b) != 0.0]
     _report("GSM8K reference vs next row's", failures, len(pairs))
-    assert len(failures) <= 0.01 * len(pairs)
+    assert not failures
+
+
+@requires_shared
+def test_gsm8k_solutions_pay():
+    # GSM8K's own worked answers, their final `#### N` written as \boxed{N}: all 8792 pay
+    rows = _jsonl(SHARED / "data/gsm8k/test.jsonl") + _jsonl(SHARED / "data/gsm8k/train.jsonl")
+    solutions = [re.sub(r"#### ?(.*)$", lambda m: "\\boxed{" + m[1].strip() + "}",
+                        row["answer"].strip()) for row in rows]
+    rewards, stats = score(solutions, [row["answer"].split("####")[-1].strip() for row in rows])
+    assert stats["n"] == 8792 and stats["correct"] == 8792
 
 
 @requires_shared
@@ -873,13 +1161,24 @@ def test_math500_references(patient):
                 if grade(f"\\boxed{{{a}}}", a) != 1.0 or grade(f"#### {a}\n", a) != 1.0]
     _report("MATH-500 answer vs itself, boxed and as a #### line", failures, len(answers))
     assert not failures
-    # the boxed answer of each worked solution against the answer field
-    failures = [(last_boxed(row["solution"]), row["answer"]) for row in rows
+    # each worked solution, its boxes in context, against the answer field: all 500 pay
+    failures = [(extract_answer(row["solution"]), row["answer"]) for row in rows
                 if grade(row["solution"], row["answer"]) != 1.0]
     _report("MATH-500 solution vs answer", failures, len(rows))
-    assert len(failures) <= 0.01 * len(rows)
+    assert not failures
     # a reference against the next row's, where the two differ as strings
     pairs = [(a, b) for a, b in zip(answers, answers[1:] + answers[:1]) if a != b]
     failures = [(a, b) for a, b in pairs if grade(f"\\boxed{{{a}}}", b) != 0.0]
     _report("MATH-500 answer vs next row's", failures, len(pairs))
-    assert len(failures) <= 0.01 * len(pairs)
+    assert failures == [("5", "x=5")]  # x = 5 is 5
+
+
+@requires_shared
+def test_math_solutions_pay_unless_they_box_two_answers(patient):
+    # MATH's 5000 test solutions against their last box (the reference machinery/data.py reads):
+    # 14 box two different values ("the roots are \boxed{-2} and \boxed{1}", an intermediate
+    # result boxed, three angles boxed), a hedge by the rule; every other one pays
+    rows = _jsonl(SHARED / "data/math/test.jsonl")
+    rewards, stats = score([row["solution"] for row in rows],
+                           [_answer(row["solution"], solution=True) for row in rows])
+    assert stats["n"] == 5000 and stats["correct"] == 4986 and stats["hedge"] == 14

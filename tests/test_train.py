@@ -643,13 +643,13 @@ def test_a_tiny_lora_run_trains_its_adapters_and_its_checkpoint_loads_everywhere
     assert eval_py.main(["--model", str(ckpt), "--benchmarks", "tiny", "--limit", "8", "--device", "cpu",
                          "--max_new_tokens", "32", "--out", str(tmp_path / "e.jsonl")]) == 0
     assert json.load(open(tmp_path / "e.json"))["results"]["tiny"]["accuracy"] == history[-1]["accuracy"]
-    # a new run from the trained policy: its adapters merged into the base, fresh ones on top, named so
+    # a new run from the trained policy: its adapters kept, frozen, fresh ones on top, on the same base
     _, lines, again = lora_run(tmp_path, "again", str(ckpt), lora_rank=2, steps=1)
     assert "the tiny world's values" in lines[0]
     assert json.load(open(again / "checkpoint" / "adapter_config.json"))["base_model_name_or_path"] == \
-        os.path.abspath(ckpt)
+        os.path.abspath(tiny_dir)
     loaded, _ = train.load_model(str(again / "checkpoint"), device="cpu")
-    assert loaded.peft_config["default"].r == 2
+    assert (loaded.peft_config["default"].r, loaded.peft_config["frozen1"].r) == (2, 4)
 
 
 def test_the_kl_reference_under_lora_is_the_base_with_no_second_copy(tiny_dir):

@@ -179,8 +179,8 @@ def test_piece_is_the_rows_own_span(setup):
 
 
 def test_entropy_recorded_while_sampling_matches_the_training_forward(setup):
-    """[ours] the entropy of token selection with several micro-batches: recorded by the sampler, it
-    must agree with the training forward's (on the tiny model in float32: to ~1e-6)."""
+    """[ours] the sampling entropy of the step line: recorded by the sampler, it must agree with the
+    training forward's (on the tiny model in float32: to ~1e-6)."""
     model, kept, _ = setup
     kept = kept.select(range(16))  # the sampled rows (the 17th was written by hand)
     with torch.no_grad():
