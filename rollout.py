@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from machinery.sampling import (DecodeStep, NonFiniteLogits, check_finite,  # noqa: F401 (train)
-                                check_generate_args, draw_seed, encode_left_padded, first_bad,
-                                generation_mode, hf_generate, row_keys)
+from machinery.sampling import (DecodeStep, check_finite, check_generate_args, draw_seed,
+                                encode_left_padded, first_bad, generation_mode, hf_generate,
+                                row_keys)
 
 # [ours] lm_head positions per chunk, counted over the micro-batch (only the positions asked for).
 # A chunk briefly holds a few (chunk, V) float32 tensors (logits, log-softmax, probabilities, their

@@ -5,6 +5,7 @@ process, on the same prompts, seed and rows, alternating, so that both meet the 
     python experiments/bench_decode.py --tokenizer ../shared/tokenizers/qwen2.5 \\
         --data_dir ../shared/data                 # both worlds below, 3 rounds, 2 threads
     python experiments/bench_decode.py --world tiny --rounds 5 --threads 1
+    python experiments/bench_decode.py --world real --compile inductor ...   # the loop compiled
 
 Two worlds:
   real  a Qwen2 of the real vocabulary (the tokenizer's 151,936 tokens) with 2 layers of width 64
@@ -22,7 +23,8 @@ decode the same steps on a CPU). The samples are compared too: the rows whose to
 from both engines. (On the real world's random model the distribution over 151,936 tokens is nearly
 flat, each token ~7e-6 wide, so the two engines' float32 rounding of the logits, a few ulps apart,
 moves a uniform across a token's edge now and then; the tests compare the engines on models whose
-distributions are not flat, where every token agrees.)
+distributions are not flat, where every token agrees.) --compile BACKEND compiles the loop's step
+with that torch.compile backend (machinery/sampling.COMPILE; the warm-up round pays the compile).
 """
 import argparse
 import os
@@ -33,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from machinery import data  # noqa: E402
+from machinery import data, sampling  # noqa: E402
 from rollout import generate_groups  # noqa: E402
 
 
@@ -91,10 +93,14 @@ def main(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", default="off", help="the loop's step: off, or a torch.compile "
+                                                    "backend (inductor, eager)")
     args = p.parse_args(argv)
+    sampling.COMPILE = args.compile
     torch.set_num_threads(args.threads)
     worlds = ("real", "tiny") if args.world == "both" else (args.world,)
-    print(f"torch threads {args.threads}, {args.rounds} rounds (medians), torch {torch.__version__}")
+    print(f"torch threads {args.threads}, {args.rounds} rounds (medians), the loop's step compiled: "
+          f"{args.compile}, torch {torch.__version__}")
     print("world | rows x tokens | engine | seconds | tokens/s | loop/hf | padding")
     for world in worlds:
         model, tok, prompts = real_world(args) if world == "real" else tiny_world(args)

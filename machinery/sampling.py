@@ -221,7 +221,8 @@ def check_finite(first, first_row):
 # How the decode step is compiled: "auto" on a GPU only (torch.compile with CUDA graphs, as
 # gpt-fast), "off" never, or a torch.compile backend ("eager", "aot_eager") on any device: the tests
 # trace it on a CPU. [ours] Nothing is compiled on a CPU by default: with "inductor" there, the step
-# of experiments/bench_decode.py's real world took 200 s to compile and decoded 2.5x slower.
+# of experiments/bench_decode.py's real world took 200 s to compile and decoded 2.5x slower
+# (experiments/speed.md).
 COMPILE = "auto"
 BUCKET = 64  # [ours] compiled: prompt widths rounded up to a multiple of this, and never below the
              # kept cache's, so a run compiles a few times, not once per width (more left
@@ -266,6 +267,8 @@ class DecodeStep:
             pad = width - prompt_ids.shape[1]
             prompt_ids, prompt_mask = F.pad(prompt_ids, (pad, 0)), F.pad(prompt_mask, (pad, 0))
         self.model, self.temperature, self.keys = model, temperature, keys
+        # t as a tensor, so that a new t is no new graph; filled in place (no copy from the host)
+        self.t = torch.zeros((), dtype=torch.long, device=device)
         self.sync_every = 1 if device.type == "cpu" else SYNC_EVERY  # a CPU's sync costs nothing
         self.P, b = prompt_ids.shape[1], len(prompt_of)
         positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (n, P) as generate derives them
@@ -286,9 +289,8 @@ class DecodeStep:
 
     def __call__(self, token, t):
         """(token, entropy, bad) at decode position t, from token (b,), drawn at t - 1."""
-        tt = torch.tensor(t, device=token.device)  # a tensor, so that a new t is no new graph
-        args = (self.model, self.cache, token, self.mask, self.last + t, self.keys, tt,
-                self.temperature, self.out)
+        args = (self.model, self.cache, token, self.mask, self.last + t, self.keys,
+                self.t.fill_(t), self.temperature, self.out)
         if not self.backend or _failed:
             return _one_token(*args)
         before, t0 = _graphs(), time.time()
