@@ -30,6 +30,7 @@ trailing comment in the config block. transformers' HfArgumentParser (what TRL's
 need the help in field(metadata=...), off the knob's line, and prints usage before its error;
 nanoGPT's configurator execs assignments, with no --help and no types. Neither knows a pick() knob.
 """
+from machinery import ctrl_c  # noqa: F401  first: a Ctrl-C while torch loads is one line
 import argparse
 import dataclasses
 import inspect

@@ -885,3 +885,34 @@ def test_config_json_records_the_method_spec_and_a_resume_refuses_an_edit(tmp_pa
     del saved["method_spec"], saved["picked"]
     (run_dir / "config.json").write_text(json.dumps(saved))
     config.main(train.Config, train.train, ["--resume", str(run_dir)])
+
+
+# ----------------------------------------------------------------------------- a closed pipe, the end, Ctrl-C early
+
+
+# `python PROGRAM --help` with SIGINT sent to itself as it first imports torch
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+sys.path.insert(0, os.getcwd())
+class Interrupt:  # a finder asked first for every import: Ctrl-C as torch's import begins
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line_and_exit_130():
+    """Ctrl-C while train.py or eval.py imports torch (seconds, before a run has handlers): one
+    line, exit 130, no traceback."""
+    procs = [subprocess.Popen([sys.executable, "-c", INTERRUPTED_IMPORT, program], cwd=ROOT, env=ENV,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for program in ("train.py", "eval.py")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert (proc.returncode, out, err) == (130, "", "\ninterrupted (Ctrl-C) while starting: nothing was "
+                                                        "written\n"), (proc.args[-1], proc.returncode, err)
