@@ -890,6 +890,45 @@ def test_config_json_records_the_method_spec_and_a_resume_refuses_an_edit(tmp_pa
 # ----------------------------------------------------------------------------- a closed pipe, the end, Ctrl-C early
 
 
+def test_a_stdout_nobody_reads_loses_its_lines_not_the_run(tmp_path, tiny_dir):
+    """`python train.py | head -2`: once head has gone, print meets a closed pipe (EPIPE). The
+    lines are lost, the run goes on to its end and exits 0, without a traceback, whether stdout is
+    unbuffered (each line fails at once) or buffered (it fails at a flush, or at the exit)."""
+    procs = {}
+    for buffered in (False, True):
+        run_dir = tmp_path / f"buffered={buffered}"
+        env = {k: v for k, v in ENV.items() if not (buffered and k == "PYTHONUNBUFFERED")}
+        argv = " ".join(shlex.quote(a) for a in small_run(run_dir, tiny_dir, 2))
+        procs[run_dir] = subprocess.Popen(
+            ["bash", "-c", f"{shlex.quote(sys.executable)} train.py {argv} | head -2; "
+                           "exit ${PIPESTATUS[0]}"],
+            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for run_dir, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert (proc.returncode, err) == (0, ""), (run_dir, err)
+        assert out.splitlines()[0].startswith(f"run {run_dir} | ") and len(out.splitlines()) == 2
+        state = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)
+        assert state["step"] == 2 and [r["step"] for r in rows(run_dir)] == [0, 1]
+
+
+def test_a_signal_as_a_complete_run_closes_changes_nothing(tmp_path, tiny_dir):
+    """SIGINT and SIGTERM just after the run's handlers are put back (its folder closed, the `done:`
+    line printed): a complete run still exits 0, without a traceback."""
+    as_it_closes = """
+from machinery import stops
+real = stops.Stop.restore
+def restore(self):
+    real(self)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+stops.Stop.restore = restore
+"""
+    proc = train_process(small_run(tmp_path / "run", tiny_dir, 1), as_it_closes)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (0, ""), (proc.returncode, err)
+    assert out.splitlines()[-1].startswith("done: held-out accuracy")
+
+
 # `python PROGRAM --help` with SIGINT sent to itself as it first imports torch
 INTERRUPTED_IMPORT = """
 import os, runpy, signal, sys
