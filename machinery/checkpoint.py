@@ -306,7 +306,8 @@ def load(run_dir, config_class=None):
         copy = state.get("config")
         if copy is None or wrong_knobs(copy, config_class):
             held = ("holds no copy of the run's knobs (it is older than such copies)"
-                    if copy is None else f"holds a copy that {wrong_knobs(copy, config_class)}")
+                    if copy is None else "holds the same copy" if wrong_knobs(copy, config_class)
+                    == wrong else f"holds a copy that {wrong_knobs(copy, config_class)}")
             raise ValueError(f"--resume {run_dir}: its config.json {wrong}, and its checkpoint "
                              f"{held}; {from_weights(run_dir)}")
         saved, state["recovered"] = dict(copy), f"config.json {wrong}"
