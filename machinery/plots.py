@@ -528,6 +528,18 @@ TOKEN_RULES = {
 }
 SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform draw"}  # the shading
 
+
+def rule(rules, mode, where):
+    """The page's words for a mode: its entry in rules, or, for a mode d3s.py has and these words
+    do not (yet), where d3s.py defines it and which named methods use it; never a bare "?"."""
+    if mode in rules:
+        return rules[mode]
+    import d3s  # here: `import plots` needs no torch
+    level = "sample" if where == "select_samples" else "token"
+    users = [m for m, spec in d3s.METHODS.items() if spec[level] == mode]
+    return (f"the rule of d3s.py's {where} for mode {mode!r}"
+            + (f" (--method {', '.join(users)})" if users else "") + "; docs/algorithm.md says it.")
+
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
 # reddish purple for special tokens, bluish green for a fork (a triangle above the token, in every
@@ -730,8 +742,9 @@ def selection_html(record, links=()):
                      'nothing is scored.</p>')
     else:
         parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
-                     f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token '
-                     f'selection, {e(str(token))}): {e(TOKEN_RULES.get(token, "?"))}</p>')
+                     f'{e(rule(SAMPLE_RULES, sample, "select_samples"))}<br><b>Tokens trained</b> '
+                     f'(token selection, {e(str(token))}): '
+                     f'{e(rule(TOKEN_RULES, token, "token_scores and select_tokens"))}</p>')
 
     # the legend: each mark that can appear in the rows below, styled by the rules that style them
     shade = (5, 2) if record["score"] else ("", "")

@@ -342,6 +342,17 @@ def test_every_mode_has_its_words():
     assert set(plots.SCORE_NAMES) == set(plots.TOKEN_RULES) - {"none"}
 
 
+def test_a_mode_without_words_still_says_where_its_rule_is(d3s_step, monkeypatch):
+    """A token mode added to d3s.py before its words are here: the page names where d3s.py defines
+    it and the methods that use it, never a bare "?"."""
+    monkeypatch.setitem(d3s.METHODS, "d3s-new", dict(sample="cross", token="new_mode", schedule="linear"))
+    page = plots.selection_html(dict(d3s_step[-1], token_mode="new_mode"))
+    rule = page.split('<p class="rule">')[1].split("</p>")[0]
+    assert "(token selection, new_mode): the rule of d3s.py&#x27;s token_scores and select_tokens for " \
+           "mode &#x27;new_mode&#x27; (--method d3s-new); docs/algorithm.md says it." in rule, rule
+    assert "?" not in rule
+
+
 def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, capsys):
     record = d3s_step[-1]
     run = tmp_path / "run"
