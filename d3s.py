@@ -23,8 +23,23 @@ import math
 
 import torch
 
-SAMPLE_MODES = ("none", "cross", "intra", "pods", "nonzero", "random", "random-nonzero")
-TOKEN_MODES = ("none", "adv_entropy", "entropy", "random")
+SAMPLE_MODES = {  # what sample selection keeps (step 4), in words: also the selection page's
+    "none": "every rollout (no sample selection)",
+    "cross": "the share rho_s of the step's rollouts whose advantages have maximal variance, pooled "
+             "over the step, not re-normalised: zero-variance groups (all right or all wrong, so "
+             "A = 0) are the first dropped",
+    "intra": "inside each group, the rollouts whose advantages have maximal variance",
+    "pods": "inside each group, the rollouts whose rewards have maximal variance, advantages "
+            "re-normalised (PODS)",
+    "nonzero": "every rollout whose advantage is not 0 (GRPO with DAPO's filter)",
+    "random": "the share rho_s of the step's rollouts, at random (a control)",
+    "random-nonzero": "the share rho_s of the step's rollouts, at random among those with A != 0 "
+                      "while there are enough (a control)"}
+TOKEN_MODES = {  # what token selection keeps (step 6) of the kept rollouts' tokens, in words
+    "none": "every token of a kept rollout (no token selection)",
+    "adv_entropy": "the share rho_t with the highest |A| * H, pooled over the step",
+    "entropy": "the share rho_t with the highest entropy H (the 80/20 rule), pooled over the step",
+    "random": "as many as D3S trains at this step, at random (a control)"}
 SCHEDULES = ("linear", "constant")
 LOSSES = ("grpo", "gspo")
 SCALES = ("group", "none")
@@ -291,7 +306,7 @@ def _check_samples_args(rewards, advantages, group_size, keep, mode, scale):
              f"{name} must be finite, got NaN or inf")
 
 def _check_scores_args(advantages, entropy, mode):
-    _check_choice("mode", mode, TOKEN_MODES[1:])  # "none" keeps every token: nothing to score
+    _check_choice("mode", mode, list(TOKEN_MODES)[1:])  # "none" keeps every token: nothing to score
     _check_dim("advantages", advantages, 1, "1-D (N,)")
     _check_dim("entropy", entropy, 2, "2-D (N, T)")
     _require(len(entropy) == len(advantages),

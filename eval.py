@@ -50,6 +50,7 @@ position alone). That holds bit for bit on a CPU in float32; on a GPU under bf16
 logits themselves change with batch shape, so --batch_size or a halving can change a sample (or a
 greedy completion) there.
 """
+import machinery.ctrl_c  # noqa: F401  first: a Ctrl-C while torch loads is one line, exit 130
 import argparse
 import json
 import math

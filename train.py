@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from machinery.config import main, pick  # first: a Ctrl-C while torch loads is one line, exit 130
 import torch
-
 import d3s
 from eval import evaluate
-from machinery.config import main, pick
 from machinery.data import batch_at, format_prompt, load_problems
 from machinery.logs import Stopwatch, step_record
 from machinery.model import (adapters_off, autocast, disable_dropout, grad_scaler, load_model,

@@ -5,12 +5,14 @@ Stop real `python train.py` processes at random moments and check that nothing i
     python experiments/stop_fuzz.py --runs 20 --seed 1
 
 One uninterrupted tiny-world run first (an evaluation every 2 steps, a checkpoint every step,
-K = 2). Then each fuzzed run is started and, once it has printed its first line, hit after a random
-delay by SIGINT or SIGTERM, in a third of the cases doubled within 50 ms; it is resumed (or started
-again, where no checkpoint exists yet) and hit again, until it finishes. Every exit must be 0, or
-the first signal's 130 / 143. At the end each run must have logged every step once, with the
-rewards of the uninterrupted run, the same held-out evaluations and bit for bit the same final
-weights (a CPU in float32). One summary line; exit code 1 when any run differs.
+K = 2), timed from its first line to its exit. Then each fuzzed run is started and, once it has
+printed its first line, hit after a random delay (up to that time, so some signals come as the run
+ends or closes) by SIGINT or SIGTERM, in a third of the cases doubled within 50 ms; it is resumed
+(or started again, where no checkpoint exists yet) and hit again, until it finishes. Every exit
+must be 0, or the first signal's 130 / 143, and no output a traceback. At the end each run must
+have logged every step once, with the rewards of the uninterrupted run, the same held-out
+evaluations and bit for bit the same final weights (a CPU in float32). One summary line; exit code
+1 when any run differs.
 """
 import argparse
 import json
@@ -71,6 +73,8 @@ def fuzz(run_dir, model, rng, max_delay):
                     doubled += 1
         output += proc.stdout.readlines()
         code = proc.wait()
+        assert not any(line.startswith("Traceback") for line in output), \
+            f"{run_dir}: a traceback after signal {first}:\n" + "".join(output[-8:])
         if code == 0:
             return signals, doubled, starts
         assert code == 128 + first, f"{run_dir}: exit {code} after signal {first}:\n" + \
@@ -82,24 +86,27 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--runs", type=int, default=10, help="fuzzed runs (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="of the delays and signals")
-    parser.add_argument("--max_delay", type=float, default=2.0,
-                        help="seconds after the first line, at most, before a signal")
+    parser.add_argument("--max_delay", type=float, default=0.0,
+                        help="seconds after the first line, at most, before a signal (default: "
+                             "the uninterrupted run's, from its first line to its exit)")
     args = parser.parse_args()
-    if args.runs < 1 or args.max_delay <= 0:
-        parser.error("--runs must be at least 1 and --max_delay above 0")
+    if args.runs < 1 or args.max_delay < 0:
+        parser.error("--runs must be at least 1 and --max_delay at least 0 (0: the run's time)")
     model = tiny.pretrained(os.path.join(ROOT, "out", "tiny"), log=lambda *a: None)
     rng, failed, total = random.Random(args.seed), [], [0, 0, 0]
     with tempfile.TemporaryDirectory() as tmp:
         ref = os.path.join(tmp, "uninterrupted")
         proc = start(["--model", model, "--out_dir", ref, *RUN])
+        first = proc.stdout.readline()
+        t0 = time.time()
         out, _ = proc.communicate()
         if proc.returncode != 0:
-            sys.exit(f"error: the uninterrupted run failed:\n{out[-2000:]}")
-        want = outcome(ref)
+            sys.exit(f"error: the uninterrupted run failed:\n{first}{out[-2000:]}")
+        want, max_delay = outcome(ref), args.max_delay or time.time() - t0
         for i in range(args.runs):
             run_dir = os.path.join(tmp, f"run{i}")
             try:
-                counts = fuzz(run_dir, model, rng, args.max_delay)
+                counts = fuzz(run_dir, model, rng, max_delay)
                 total = [a + b for a, b in zip(total, counts)]
                 got = outcome(run_dir)
                 same = got[:3] == want[:3] and all(torch.equal(got[3][k], want[3][k])

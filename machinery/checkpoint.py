@@ -2,7 +2,8 @@
 Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a run folder is checked.
 
     checkpoint.check_fresh(run_dir, overwrite)         # refuses a folder that holds another run
-    checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world)
+    checkpoint.save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world,
+                    config)                            # RUN/checkpoint, with a copy of config.json
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
     held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
     checkpoint.resumable(run_dir)                      # does --resume RUN work now?
@@ -10,17 +11,21 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it; a LoRA
 run's holds PEFT's adapters, adapter_config.json naming their base, which model.load_model loads)
 plus trainer.pt: the next step to run, the optimizer state (with float16's gradient scale), the
-held-out evaluations so far and the count of trained tokens (and tiny.json for a tiny-world run).
-There is no random state in it: every random number of step s (the samples, the `random` control,
-the mini-batch shuffle) is drawn from seeds derived from (--seed, s) (train.py), so a resumed step s
+held-out evaluations so far, the count of trained tokens and a copy of config.json (and tiny.json
+for a tiny-world run), so that a config.json lost or broken since does not lose the run. There is
+no random state in it: every random number of step s (the samples, the `random` control, the
+mini-batch shuffle) is drawn from seeds derived from (--seed, s) (train.py), so a resumed step s
 draws exactly what the uninterrupted one drew, whatever moment the run stopped at (bit for bit on a
 CPU in float32).
 The save is written to checkpoint.tmp, flushed to disk, only then marked complete (trainer.pt) and
 swapped in through checkpoint.old: one complete checkpoint exists at every instant, also across a
-power cut. A hard crash after a periodic save may leave log.jsonl ahead of the checkpoint: trim_log
-cuts it back on resume. machinery/run.py decides when each of these runs (docs/checkpoints.md).
+power cut; config.json is replaced whole in the same way (write_atomic). A hard crash after a
+periodic save may leave log.jsonl ahead of the checkpoint: trim_log cuts it back on resume.
+machinery/run.py decides when each of these runs (docs/checkpoints.md).
 Every refusal names the command that works in the state the folder is in: --resume RUN once it
-holds a finished checkpoint, else the fresh start that replaces it (`command`).
+holds a finished checkpoint, else the fresh start that replaces it (`command`); where this train.py
+cannot continue a whole checkpoint, a new run from its weights, and a start that would delete it
+says so.
 """
 import dataclasses
 import json
@@ -50,10 +55,12 @@ RESUME_SAFE = ("resume", "device", "eval_every", "save_every", "wandb",
 RECORDED = ("method_spec", "picked")
 
 
-def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None):
-    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs,
-    and for a tiny-world run tiny.json naming its world, so that `--model RUN/checkpoint` continues
-    in that world with its values (tiny.world_of reads it).
+def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, world=None,
+         config=None):
+    """Model + tokenizer as an HF folder (RUN/checkpoint), plus trainer.pt with what resuming needs
+    (and `config`, what config.json holds, so that the checkpoint alone can be resumed), and for a
+    tiny-world run tiny.json naming its world, so that `--model RUN/checkpoint` continues in that
+    world with its values (tiny.world_of reads it).
 
     Crash-safe: written to checkpoint.tmp, every file and the folder flushed to disk, and only then
     trainer.pt renamed into place, the marker that the folder is complete (finish_swap trusts it),
@@ -72,7 +79,8 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
             json.dump({"world": world, "trained_by": "train.py", "step": step}, f)
     # step: the next step to run; its prompts are batch_at(step)
     state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(),
-             "history": history, "tokens_trained": tokens_trained}
+             "history": history, "tokens_trained": tokens_trained,
+             **({"config": config} if config is not None else {})}
     torch.save(state, os.path.join(tmp, "trainer.pt.part"))
     # [ours] A rename can reach the disk before the data it names: every file and the folder are
     # flushed first, and only then does the marker appear, so a tmp folder with a trainer.pt is
@@ -94,8 +102,8 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     return step
 
 
-RUN_FILES = ("config.json", "log.jsonl", "log.jsonl.cut", "resumes.jsonl", "selection",
-             "checkpoint", "checkpoint.tmp", "checkpoint.old")
+RUN_FILES = ("config.json", "config.json.part", "log.jsonl", "log.jsonl.part", "log.jsonl.cut",
+             "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp", "checkpoint.old")
 
 
 def check_fresh(run_dir, overwrite=False):
@@ -106,18 +114,20 @@ def check_fresh(run_dir, overwrite=False):
                               "checkpoint.old")
             if os.path.exists(os.path.join(run_dir, name))]
     if held and not overwrite:
-        go_on = (f"continue it with python train.py --resume {run_dir}, or " if
-                 resumable(run_dir) else "it has no finished checkpoint to continue; ")
+        whole = resumable(run_dir)
+        go_on = (f"continue it with python train.py --resume {shlex.quote(run_dir)}, or " if whole
+                 else "it has no finished checkpoint to continue; ")
         raise ValueError(f"{run_dir} holds another run ({', '.join(held)}): {go_on}replace it "
-                         f"with --overwrite true, or pass another --out_dir")
+                         f"with --overwrite true{' (its checkpoint deleted)' * whole}, or pass "
+                         f"another --out_dir")
 
 
 def resumable(run_dir):
-    """Does `--resume run_dir` find a run to continue: its config.json and a finished checkpoint
-    (trainer.pt, its marker), also one that finish_swap completes from checkpoint.tmp or .old?"""
-    return os.path.isfile(os.path.join(run_dir, "config.json")) and any(
-        os.path.isfile(os.path.join(run_dir, name, "trainer.pt"))
-        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    """Does `--resume run_dir` find a run to continue: a finished checkpoint (trainer.pt, its
+    marker), also one that finish_swap completes from checkpoint.tmp or .old? (Its config.json, or
+    the copy the checkpoint holds, says how the run goes on: load.)"""
+    return any(os.path.isfile(os.path.join(run_dir, name, "trainer.pt"))
+               for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
 
 
 def command(knobs):
@@ -128,23 +138,78 @@ def command(knobs):
     return " ".join(["python train.py"] + [f"--{k} {flag(v)}" for k, v in knobs.items()])
 
 
-def start_again(run_dir, config_class=None):
-    """The fresh start that replaces the run in run_dir by the same run: the knobs of its
-    config.json that differ from config_class's values (a pick(): the value it gave that run; a
-    size for the card, as sized), its folder and --overwrite true."""
+def read_config(run_dir, config_class=None):
+    """(RUN/config.json as a dict, "") or (None, what is wrong with it): unreadable, not JSON, or
+    (config_class given) not the knobs config_class has, each of its type (wrong_knobs)."""
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
-    except (OSError, ValueError):
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
-    fields = dataclasses.fields(config_class) if config_class is not None else ()
-    picks = saved.get("picked") if isinstance(saved.get("picked"), dict) else {}
-    own = {f.name: saved[f.name] for f in fields if f.name in saved  # the values not by default
-           and saved[f.name] != picks.get(f.name, f.default)
-           and f.name not in ("resume", "out_dir", "overwrite")}
-    return command({**own, "out_dir": run_dir, "overwrite": True}) + \
-        ("" if saved and fields else " and the flags it ran with")  # a config.json not read
+    except FileNotFoundError:
+        return None, "is missing"
+    except (OSError, ValueError) as e:  # ValueError: not JSON (an empty file, a cut-off one)
+        return None, f"is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    wrong = wrong_knobs(saved, config_class)
+    return (None, wrong) if wrong else (saved, "")
+
+
+TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def wrong_knobs(saved, config_class=None):
+    """What is wrong with a saved config (config.json's dict) for config_class, or "": not a JSON
+    object, other knobs than config_class has (beside RECORDED), or a value of another type than
+    its knob's (an int for a float is a float; "auto" where a pick() has a gpu value)."""
+    if not isinstance(saved, dict):
+        return f"is not a JSON object of knobs (it holds {json.dumps(saved)[:40]})"
+    if not all(isinstance(saved.get(k, {}), (dict, type(None))) for k in RECORDED):
+        return f"holds a {' or '.join(RECORDED)} that is not a JSON object"
+    if config_class is None:
+        return ""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    other = sorted(set(saved) - set(RECORDED) ^ set(fields))
+    if other:
+        return f"has other knobs than this train.py ({', '.join(other)})"
+    for name, f in fields.items():
+        if not fits(f, saved[name]):
+            return (f"holds {name} {json.dumps(saved[name])}, where train.py needs "
+                    f"{TYPES.get(f.type, f.type.__name__)}")
+    return ""
+
+
+def fits(field, value):
+    """Is `value` of the knob's type (an int for a float is a float; "auto" where a pick() has a
+    gpu value)?"""
+    return type(value) is field.type or (field.type is float and type(value) is int) or \
+        (value == "auto" and "gpu" in field.metadata.get("pick", {}))
+
+
+def start_again(run_dir, config_class=None, saved=None, deleting=False):
+    """The fresh start that replaces the run in run_dir by the same run, as "start it again with:
+    python train.py ..." (deleting: saying that it deletes a whole checkpoint): the knobs of its
+    config.json (or `saved`) that a fresh run would not take by itself (a pick() knob unless
+    config.json's picked has it: a flag, or a size for the card as sized; any other knob that
+    differs from config_class's value), its folder and --overwrite true. Without a readable
+    config.json the run's flags are lost, and the line says so."""
+    if saved is None:  # as much of it as this train.py can read: its knobs of the right type
+        saved, _ = read_config(run_dir)
+    note = ", deleting its checkpoint," if deleting else ""
+    if saved is None or config_class is None:
+        return (f"its flags went with its config.json; start a run there{note} (adding the flags "
+                f"you want) with: {command({'out_dir': run_dir, 'overwrite': True})}")
+    picks = saved.get("picked") or {}
+    own = {f.name: saved[f.name] for f in dataclasses.fields(config_class)
+           if f.name in saved and fits(f, saved[f.name])
+           and f.name not in ("resume", "out_dir", "overwrite")
+           and (saved[f.name] != picks[f.name] if f.name in picks else
+                "pick" in f.metadata or saved[f.name] != f.default)}
+    return f"start it again{note} with: {command({**own, 'out_dir': run_dir, 'overwrite': True})}"
+
+
+def from_weights(run_dir):
+    """The line for a run whose checkpoint is whole but that this train.py cannot continue: its
+    weights start a new run, in another folder, and the run is left as it is."""
+    return (f"start a new run from its weights (its checkpoint is whole) with: "
+            f"{command({'model': os.path.join(run_dir, 'checkpoint')})}")
 
 
 def fresh(run_dir, overwrite=False):
@@ -159,6 +224,26 @@ def fresh(run_dir, overwrite=False):
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
+
+
+def write_atomic(path, text):
+    """Write a small file of the run folder (config.json) as a checkpoint is written: to PATH.part,
+    flushed to disk, renamed over PATH, the rename flushed. A crash or a full disk at any moment
+    leaves the old file or the new one whole, never an empty or cut-off one."""
+    part = path + ".part"
+    try:
+        with open(part, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except BaseException:
+        try:
+            os.remove(part)
+        except OSError:  # never written, or a read-only folder: the error above says it
+            pass
+        raise
+    fsync(os.path.dirname(path) or ".")
 
 
 def fsync(path):
@@ -189,8 +274,9 @@ def finish_swap(run_dir):
 
 def load(run_dir, config_class=None):
     """The saved config (a dict: its knobs and RECORDED) and trainer state of a run folder, or a
-    one-line ValueError; config_class (train.Config) names the fresh start that replaces a run
-    that cannot be resumed."""
+    one-line ValueError that says how to go on; config_class (train.Config) checks the config's
+    knobs. A config.json that cannot be read, or holds what config_class cannot run, gives way to
+    the copy the checkpoint holds (state["recovered"] says why)."""
     ckpt = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(run_dir):
         raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier "
@@ -198,25 +284,33 @@ def load(run_dir, config_class=None):
     finish_swap(run_dir)
     weights = "adapter_config.json" if os.path.isfile(os.path.join(ckpt, "adapter_config.json")) \
         else "config.json"  # LoRA's adapters, or a whole model
-    again = f"start it again with: {start_again(run_dir, config_class)}"
-    for need in (os.path.join(run_dir, "config.json"), os.path.join(ckpt, "trainer.pt"),
-                 os.path.join(ckpt, weights)):
+    for need in (os.path.join(ckpt, "trainer.pt"), os.path.join(ckpt, weights)):
         if not os.path.isfile(need):
             raise ValueError(f"--resume {run_dir}: incomplete run folder, {need} is missing "
-                             f"(it has no finished checkpoint yet); {again}")
+                             f"(it has no finished checkpoint yet); "
+                             f"{start_again(run_dir, config_class)}")
     try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            saved = json.load(f)
         # map_location: a checkpoint saved on a GPU loads on any machine; load_state_dict then moves
         # the optimizer state to wherever the parameters are (--device may change on resume)
         state = torch.load(os.path.join(ckpt, "trainer.pt"), map_location="cpu", weights_only=False)
     except Exception as e:
-        raise ValueError(f"--resume {run_dir}: its config.json or checkpoint/trainer.pt is corrupt "
+        raise ValueError(f"--resume {run_dir}: its checkpoint/trainer.pt is corrupt "
                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                         f"{again}") from None
+                         f"{start_again(run_dir, config_class)}") from None
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise ValueError(f"--resume {run_dir}: its checkpoint was written by another version of "
-                         f"train.py; {again}")
+                         f"train.py; {from_weights(run_dir)}, or "
+                         f"{start_again(run_dir, config_class, deleting=True)}")
+    saved, wrong = read_config(run_dir, config_class)
+    if saved is None:  # [ours] the checkpoint's own copy, from the moment it was saved
+        copy = state.get("config")
+        if copy is None or wrong_knobs(copy, config_class):
+            held = ("holds no copy of the run's knobs (it is older than such copies)"
+                    if copy is None else "holds the same copy" if wrong_knobs(copy, config_class)
+                    == wrong else f"holds a copy that {wrong_knobs(copy, config_class)}")
+            raise ValueError(f"--resume {run_dir}: its config.json {wrong}, and its checkpoint "
+                             f"{held}; {from_weights(run_dir)}")
+        saved, state["recovered"] = dict(copy), f"config.json {wrong}"
     return saved, state
 
 
@@ -224,8 +318,9 @@ def resume(cfg, given):
     """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in
     the folder given (it may have been moved), and only the RESUME_SAFE knobs may change:
     state["changed"] holds {knob: [saved, new]}, for the caller to record once the new values are
-    accepted. Every knob of the saved config counts as given. A run whose method d3s.py now
-    defines otherwise (config.json's method_spec) is refused: it would not continue exactly."""
+    accepted, and state["picked"] the saved config's picked. Every knob of the saved config counts
+    as given. A run whose method d3s.py no longer defines, or now defines otherwise (config.json's
+    method_spec), is refused: it would not continue exactly."""
     saved, state = load(cfg.resume, type(cfg))
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
@@ -235,20 +330,21 @@ def resume(cfg, given):
                          f"start a new run to change them")
     recorded = {k: saved.pop(k) for k in RECORDED if k in saved}
     known = {f.name for f in dataclasses.fields(cfg)}
-    if set(saved) != known:
-        raise ValueError(f"--resume {cfg.resume}: its config.json has other knobs than this "
-                         f"train.py ({', '.join(sorted(set(saved) ^ known))}); start it again "
-                         f"with: {start_again(cfg.resume, type(cfg))}")
+    if saved["method"] not in d3s.METHODS:
+        raise ValueError(f"--resume {cfg.resume}: it ran --method {saved['method']}, which "
+                         f"d3s.METHODS no longer has, so this train.py cannot continue it; put the "
+                         f"method back in d3s.py, or {from_weights(cfg.resume)}")
     edited = spec_changes(saved["method"], recorded.get("method_spec"))
     if edited:
         raise ValueError(f"--resume {cfg.resume}: d3s.METHODS[{saved['method']!r}] has changed "
                          f"since the run started ({edited}), so it would not continue exactly; "
-                         f"put it back in d3s.py, or start it again with: "
-                         f"{start_again(cfg.resume, type(cfg))}")
+                         f"put it back in d3s.py, or "
+                         f"{start_again(cfg.resume, type(cfg), {**saved, **recorded}, True)}")
     changed = {n: [saved[n], getattr(cfg, n)] for n in sorted(given)
                if n != "resume" and saved[n] != getattr(cfg, n)}
     saved.update({n: getattr(cfg, n) for n in given}, resume=cfg.resume, out_dir=cfg.resume)
-    return type(cfg)(**saved), known, {**state, "changed": changed}
+    return type(cfg)(**saved), known, {**state, "changed": changed,
+                                       "picked": recorded.get("picked")}
 
 
 def method_spec(method):
@@ -290,36 +386,37 @@ def trim_log(run_dir, step):
     for line in lines:
         try:
             (keep if json.loads(line)["step"] < step else cut).append(line)
-        except (ValueError, KeyError):  # a line cut off by the crash
+        except (ValueError, KeyError, TypeError):  # a line cut off by the crash
             cut.append(line)
     if cut:
         with open(path + ".cut", "a") as f:
             f.writelines(line if line.endswith("\n") else line + "\n" for line in cut)
-        with open(path + ".tmp", "w") as f:
-            f.writelines(keep)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, "".join(keep))
 
 
 # -----------------------------------------------------------------------------
 # the folder's lock: one run per folder
 
 
-def lock(run_dir):
-    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it. An
+def lock(run_dir, resuming=False):
+    """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it or the
+    folder cannot be written (what helps: another --out_dir, or for a resume a copy). An
     flock is dropped by the kernel when its process dies, so a lock file left by a killed run is
     taken over. Where flock is missing (no fcntl) or refused by the filesystem (ENOLCK, or
     EOPNOTSUPP on some NFS, CIFS and FUSE mounts): the file holds the pid, stale once it is gone."""
     path = os.path.join(run_dir, LOCK)
+    elsewhere = ("copy the folder where you can write and pass the copy to --resume" if resuming
+                 else "pass another --out_dir")
     while fcntl is not None:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # a folder this user may not write into
-            raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
+            raise ValueError(f"cannot write {path}: {e.strerror}; {elsewhere}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another open file holds it: a live process
             os.close(fd)
-            raise ValueError(_in_use(run_dir, path)) from None
+            raise ValueError(_in_use(run_dir, path, resuming)) from None
         except OSError:  # this filesystem has no flock: the pid file below
             os.close(fd)
             break
@@ -342,21 +439,22 @@ def lock(run_dir):
             except FileExistsError:
                 holder = _holder(path)
                 if holder is not None and _alive(holder):
-                    raise ValueError(_in_use(run_dir, path)) from None
+                    raise ValueError(_in_use(run_dir, path, resuming)) from None
             try:
                 os.remove(path)  # a dead process's lock, or an empty file
             except FileNotFoundError:
                 pass
     except OSError as e:
-        raise ValueError(f"cannot write {path}: {e.strerror}; pass another --out_dir") from None
+        raise ValueError(f"cannot write {path}: {e.strerror}; {elsewhere}") from None
     finally:
         if os.path.exists(part):
             os.remove(part)
 
 
-def _in_use(run_dir, path):
+def _in_use(run_dir, path, resuming=False):
     return (f"{run_dir} is in use by a train.py that is still running "
-            f"(pid {_holder(path) or '?'}); wait for it to stop, or pass another --out_dir")
+            f"(pid {_holder(path) or '?'}); wait for it to stop"
+            + ("" if resuming else ", or pass another --out_dir"))
 
 
 def unlock(held):
@@ -364,7 +462,7 @@ def unlock(held):
     fd, path = held
     try:
         os.remove(path)
-    except FileNotFoundError:
+    except OSError:  # gone, or a folder that became read-only: the next run takes the file over
         pass
     os.close(fd)
 

@@ -30,6 +30,7 @@ trailing comment in the config block. transformers' HfArgumentParser (what TRL's
 need the help in field(metadata=...), off the knob's line, and prints usage before its error;
 nanoGPT's configurator execs assignments, with no --help and no types. Neither knows a pick() knob.
 """
+from machinery import ctrl_c  # noqa: F401  first: a Ctrl-C while torch loads is one line
 import argparse
 import dataclasses
 import inspect
@@ -43,6 +44,7 @@ from machinery import checkpoint
 import d3s
 from machinery import tiny
 from machinery.sampling import ENGINES
+from machinery.stops import Lossy
 
 
 def pick(**values):
@@ -270,24 +272,26 @@ class Stop(Exception):
 def main(config_class, train, argv=None, description=""):
     """`python train.py ...`: bad input is one line and exit code 2; a Stop is one line and exit
     code 1; Ctrl-C and SIGTERM, after train has saved a checkpoint, exit with 130 and 143 (128 + the
-    signal)."""
+    signal); a complete run exits 0 (own_process)."""
     cfg, given = parse_args(config_class, sys.argv[1:] if argv is None else argv, description)
+    if argv is None:
+        own_process()
     try:
         train(cfg, given=given)
     except (ValueError, Stop) as e:  # bad input, or a run that cannot go on: no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1 if isinstance(e, Stop) else 2)
     except KeyboardInterrupt as e:
-        code = 128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT)
-        quitting(argv)
-        sys.exit(code)
-    quitting(argv)
+        sys.exit(128 + (e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT))
 
 
-def quitting(argv):
-    """The run is over, its handlers gone: a signal while the process shuts down (torch's teardown
-    takes a moment) changes neither its exit code nor what is saved. (argv given: a caller in this
-    process, whose handlers stay as they are.)"""
-    if argv is None and threading.current_thread() is threading.main_thread():
+def own_process():
+    """`python train.py` in a process of its own (not a caller in this one, whose settings stay as
+    they are). Signals are ignored but while the run's own handlers are installed (machinery/
+    stops.py; they restore these): a signal after the run is over, as it closes its folder or as
+    torch's teardown takes a moment, changes neither its exit code nor what is saved. stdout and
+    stderr lose their lines once nobody reads them (`| head`), never the run (stops.Lossy)."""
+    if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_IGN)
+    sys.stdout, sys.stderr = Lossy(sys.stdout), Lossy(sys.stderr)

@@ -4,7 +4,7 @@ terminal per step, and optionally the same rows in Weights & Biases.
 
 The step line (README, "What you see", explains each column):
 
-    step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | var(A) 0.71->1.87 ...
+    step   12 | reward 0.41 | zero-var 0.19 | kept 45/128 | tokens 316/1129 | fwd+bwd 6270 | ...
 
 log.jsonl has every field of step_record, one JSON object per step; machinery/plots.py draws
 curves.png from it.
@@ -39,7 +39,8 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
         "kept": len(kept.texts), "rollouts": len(rewards),
         "tokens": sum(u["tokens"] for u in applied),  # trained: in the loss
-        # the compute: every token of the rollouts each update forwarded and back-propagated
+        # the compute: every token, prompt and completion (no padding), of each kept rollout that an
+        # update forwarded and back-propagated, summed over the updates (the step line's fwd+bwd)
         "fwd_bwd_tokens": sum(u["fwd_bwd_tokens"] for u in updates),
         "valid": int(valid.sum()), "valid_all": int(rollouts.completion_mask.sum()),
         "var_adv": d3s.population_variance(adv), "var_kept": d3s.population_variance(adv_kept),
@@ -90,6 +91,7 @@ def step_line(r, K):
     entropy = "-" if r["entropy"] is None else f"{r['entropy']:.2f}"  # None: no rollout kept
     return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | "
             f"kept {r['kept']}/{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | "
+            f"fwd+bwd {r['fwd_bwd_tokens']} | "
             f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {entropy} | "
             f"len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
             f"gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")

@@ -498,35 +498,22 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     }
 
 
-# What each level keeps under each mode, in words for the page (docs/algorithm.md has the rules).
-SAMPLE_RULES = {
-    "none": "every rollout (no sample selection).",
-    "cross": "the share ρs of the step's rollouts whose advantages have the largest variance, "
-             "pooled over the step. Such a set is always some of the step's largest A and the rest "
-             "of its smallest, so a group may keep only its wrong (or only its right) rollouts, "
-             "and zero-variance groups (all right or all wrong, so A = 0) are the first dropped. A "
-             "dropped rollout never reaches the model again.",
-    "intra": "inside each group, the rollouts whose advantages have the largest variance. A "
-             "dropped rollout never reaches the model again.",
-    "pods": "inside each group, the rollouts whose rewards have the largest variance (PODS); their "
-            "advantages are re-normalised, and the A shown is the full group's. A dropped rollout "
-            "never reaches the model again.",
-    "nonzero": "every rollout whose advantage is not 0 (GRPO with DAPO's filter): the rollouts "
-               "of zero-variance groups never reach the model again.",
-    "random": "the share ρs of the step's rollouts, at random (a control).",
-    "random-nonzero": "the share ρs of the step's rollouts, at random among those with A ≠ 0 "
-                      "while there are enough (a control).",
-}
-TOKEN_RULES = {
-    "none": "every token of a kept rollout (no token selection): nothing is scored or shaded.",
-    "adv_entropy": "the share ρt of the kept rollouts' tokens with the highest score |A|·H "
-                   "(advantage times entropy), pooled over the step.",
-    "entropy": "the share ρt of the kept rollouts' tokens with the highest entropy H (the 80/20 "
-               "rule), pooled over the step.",
-    "random": "as many of the kept rollouts' tokens as D3S trains at this step, at random (a "
-              "control): nothing is scored or shaded.",
-}
 SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform draw"}  # the shading
+PAGE_SIGNS = {"rho_s": "ρs", "rho_t": "ρt", "|A| * H": "|A|·H", "!=": "≠"}
+
+
+def rule(level, mode):
+    """The page's words for what a level ("sample" or "token") keeps under a mode: d3s.py's own
+    (SAMPLE_MODES, TOKEN_MODES), so a mode is described where it is defined."""
+    import d3s  # here: `import plots` needs no torch
+    words = (d3s.SAMPLE_MODES if level == "sample" else d3s.TOKEN_MODES)[mode]
+    for plain, sign in PAGE_SIGNS.items():
+        words = words.replace(plain, sign)
+    if level == "sample" and mode != "none":
+        words += ". A dropped rollout never reaches the model again"
+    if level == "token" and mode not in SCORE_NAMES:
+        words += ": nothing is scored or shaded"
+    return words[0].upper() + words[1:] + "."
 
 # Okabe-Ito colours, distinguishable with every common colour-vision deficiency: blue for the score
 # (one hue, light to dark, so the order reads without a colour key), vermillion for "trained",
@@ -730,8 +717,9 @@ def selection_html(record, links=()):
                      'nothing is scored.</p>')
     else:
         parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
-                     f'{e(SAMPLE_RULES.get(sample, "?"))}<br><b>Tokens trained</b> (token '
-                     f'selection, {e(str(token))}): {e(TOKEN_RULES.get(token, "?"))}</p>')
+                     f'{e(rule("sample", sample))}<br><b>Tokens trained</b> '
+                     f'(token selection, {e(str(token))}): '
+                     f'{e(rule("token", token))}</p>')
 
     # the legend: each mark that can appear in the rows below, styled by the rules that style them
     shade = (5, 2) if record["score"] else ("", "")

@@ -24,10 +24,14 @@ wandb) has said yes, in begin(); a refused start leaves the folder as it found i
     (memory.halve); it stops the run (with a checkpoint when no weight of the step had moved) only
     when nothing is left to lower, with a line that says what would help.
   - NaN or inf logits: no checkpoint (these weights are what went wrong); one line names the step.
+  - a write into the folder that fails (a full disk, a file size limit, a read-only folder): the
+    last checkpoint stands; one line says what could not be written and what goes on from there.
 """
 import dataclasses
+import errno
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -45,6 +49,10 @@ from machinery.stops import Stop
 
 class Stopped(Exception):
     """Raised by the run itself, at a point it owns, when a signal asked it to stop."""
+
+
+class SaveFailed(OSError):
+    """A checkpoint's save that failed in a library's own error (Run.save)."""
 
 
 class Run:
@@ -89,9 +97,14 @@ class Run:
             if not os.path.isdir(cfg.resume):
                 raise ValueError(f"--resume {cfg.resume}: no such folder; pass the run folder of "
                                  f"an earlier train.py run")
-            self.lock = checkpoint.lock(cfg.resume)
+            self.lock = checkpoint.lock(cfg.resume, resuming=True)
             cfg, given, self.state = checkpoint.resume(cfg, given)
         cfg = self.cfg = config.resolve(cfg, given)  # each knob's value for this run, checked
+        # config.json's picked: the pick() lines' values where no flag set the knob (a resume
+        # keeps the run's)
+        self.picked = (self.state["picked"] or {}) if self.state else {
+            k: v for k, v in config_json(cfg, tiny.world_of(cfg.model))["picked"].items()
+            if k not in given}
         run_dir = cfg.out_dir
         if self.state is None:
             self.created = not os.path.exists(run_dir)
@@ -170,9 +183,17 @@ class Run:
             (step == self.start and self.redone)
 
     def save(self, step):
-        """RUN/checkpoint after `step` steps (checkpoint.save)."""
-        self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer, self.optimizer,
-                                     step, self.history, self.tokens_trained, self.world)
+        """RUN/checkpoint after `step` steps (checkpoint.save), with a copy of config.json."""
+        try:
+            self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer,
+                                         self.optimizer, step, self.history, self.tokens_trained,
+                                         self.world, config_json(self.cfg, self.world, self.picked))
+        except Exception as e:  # torch.save and safetensors report a failed write in errors of
+            if isinstance(e, OSError):  # their own: each is the save's (__exit__ says so)
+                raise
+            code = re.search(r"os error (\d+)", str(e))  # safetensors names the OS's error
+            raise SaveFailed(code and int(code[1]), first_line(e),
+                             os.path.join(self.cfg.out_dir, "checkpoint.tmp")) from e
         self.saved_history = len(self.history)
 
     def size(self, model, tokenizer, *datasets):
@@ -266,8 +287,10 @@ class Run:
             raise Stopped
 
     def _write_config(self):
-        with open(os.path.join(self.cfg.out_dir, "config.json"), "w") as f:
-            json.dump(config_json(self.cfg, self.world), f, indent=2)
+        """RUN/config.json, replaced whole (a kill or a full disk leaves the old one)."""
+        saved = config_json(self.cfg, self.world, self.picked)
+        checkpoint.write_atomic(os.path.join(self.cfg.out_dir, "config.json"),
+                                json.dumps(saved, indent=2))
 
     def end_step(self, row, selection):
         """The step is applied: its row in RUN/log.jsonl (and wandb), its line, and when an
@@ -310,18 +333,23 @@ class Run:
 
     def __exit__(self, kind, error, tb):
         try:
-            if kind is not None and issubclass(kind, Stopped):
-                self._interrupted()
-            # no checkpoint: these weights went wrong
-            if kind is not None and issubclass(kind, NonFiniteLogits):
-                raise config.Stop(f"step {self.completed}: {error}; no checkpoint saved; "
-                                  f"start a new run with a lower --lr "
-                                  f"(from --model {self.cfg.out_dir}/checkpoint "
-                                  f"if its weights are still sound)") from None
-            if kind is not None and memory.is_out_of_memory(error):
-                # the failed step's tensors go before anything else is tried
-                traceback.clear_frames(tb)
-                raise config.Stop(self._out_of_memory()) from None
+            try:
+                if kind is not None and issubclass(kind, Stopped):
+                    self._interrupted()
+                # no checkpoint: these weights went wrong
+                if kind is not None and issubclass(kind, NonFiniteLogits):
+                    raise config.Stop(f"step {self.completed}: {error}; no checkpoint saved; "
+                                      f"start a new run with a lower --lr "
+                                      f"(from --model {self.cfg.out_dir}/checkpoint "
+                                      f"if its weights are still sound)") from None
+                if kind is not None and memory.is_out_of_memory(error):
+                    # the failed step's tensors go before anything else is tried
+                    traceback.clear_frames(tb)
+                    raise config.Stop(self._out_of_memory()) from None
+            except OSError as e:  # the save a stop makes could not be written
+                raise config.Stop(self._unwritten(e)) from None
+            if self.model is not None and unwritten(error):  # the run's own writes, from begin()
+                raise config.Stop(self._unwritten(error)) from None
         finally:
             self._close()
         return False
@@ -365,13 +393,26 @@ class Run:
         return state, "no checkpoint was saved yet", \
             f"start it again with: {checkpoint.command({**self.again, 'overwrite': True})}"
 
+    def _unwritten(self, error):
+        """The line for a write into the run folder that failed (a full disk, a file size limit, a
+        read-only folder; a save that failed): what, why, what the folder holds and what then
+        goes on from it (status)."""
+        _, held, then = self.status()
+        fix = ("free some disk space" if error.errno in (errno.ENOSPC, errno.EDQUOT)
+               else "raise the file size limit (ulimit -f)" if error.errno == errno.EFBIG
+               else f"make {self.cfg.out_dir} writable"
+               if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+               else "see that the disk has space and the folder is writable")
+        return (f"cannot write {error.filename or self.cfg.out_dir}: {error.strerror}; {held}"
+                + (f"; {fix}, then {then}" if then else ""))
+
     def _out_of_memory(self):
         """The out-of-memory line, after saving what can be saved: the steps applied, when no weight
         of the step in progress had moved yet (half a step is never saved)."""
         if self.model is not None and not self.moving:
             self.optimizer.zero_grad(set_to_none=True)
             self.save(self.completed)
-        return out_of_memory(self.cfg, self.completed, self.saved, self.oom_pass)
+        return out_of_memory(self.cfg, self.completed, self.saved, self.oom_pass, self.again)
 
     def _close(self):
         if self.bar is not None:
@@ -387,21 +428,35 @@ class Run:
                 pass
 
 
+def unwritten(error):
+    """Is `error` a write into the run folder that failed: a full disk or quota, over the file size
+    limit, a read-only folder, or a save?"""
+    return isinstance(error, SaveFailed) or isinstance(error, OSError) and error.errno in (
+        errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def first_line(error):
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def due(step, every, steps, first=True):
     """Is an evaluation (first: also at step 0) or a checkpoint due at `step`? Every `every` steps
     (0: never) and at the end."""
     return (first and step == 0) or step == steps or (every > 0 and step % every == 0)
 
 
-def config_json(cfg, world):
+def config_json(cfg, world, picked=None):
     """What RUN/config.json holds: every knob as the run uses it, then (checkpoint.RECORDED) what
-    d3s.METHODS says its method is and the value each pick() line gives this run, so that an edit
-    of either shows (and a resume refuses one of d3s.py)."""
-    picked = {f.name: config.picked(f, world, cfg.loss, cfg.method, cfg.lora_rank > 0,
-                                    config.on_gpu(cfg))
-              for f in dataclasses.fields(cfg) if "pick" in f.metadata}
+    d3s.METHODS says its method is, and `picked`, the value each pick() line gave this run (None:
+    every pick() knob's), for the knobs that hold it still (not one a flag set, nor one sized for a
+    GPU or lowered on out of memory), so that an edit of either shows (and a resume refuses one of
+    d3s.py)."""
+    if picked is None:
+        picked = {f.name: config.picked(f, world, cfg.loss, cfg.method, cfg.lora_rank > 0,
+                                        config.on_gpu(cfg))
+                  for f in dataclasses.fields(cfg) if "pick" in f.metadata}
     return {**dataclasses.asdict(cfg), "method_spec": checkpoint.method_spec(cfg.method),
-            "picked": picked}
+            "picked": {k: v for k, v in picked.items() if getattr(cfg, k) == v}}
 
 
 def data_name(cfg, world):
@@ -417,7 +472,8 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
     m = d3s.METHODS[cfg.method]
     where = f"the {world} world's values" if world else "a real model's values"
     resumed = "" if state is None else f" | resuming at step {state['step']}" + "".join(
-        f"; --{k} {a} -> {b}" for k, (a, b) in state["changed"].items())
+        f"; --{k} {a} -> {b}" for k, (a, b) in state["changed"].items()) + (
+        f" ({state['recovered']}: its checkpoint's copy goes on)" if "recovered" in state else "")
     ends = [d3s.applied_ratios(cfg.method, *d3s.keep_ratios(step, cfg.steps, m["schedule"],
             cfg.s_init, cfg.s_final, cfg.t_init, cfg.t_final)) for step in (0, cfg.steps - 1)]
     keep = ", ".join(f"{n} {a:g}" + (f"->{b:g}" if b != a else "") for n, a, b in
@@ -439,12 +495,13 @@ PASSES = {"generation": "generation", "evaluation": "the held-out evaluation",
           "no_grad": "step 5's no-grad pass", "update": "an update"}
 
 
-def out_of_memory(cfg, step, saved, kind=None):
+def out_of_memory(cfg, step, saved, kind=None, again=None):
     """The line an out-of-memory stop prints: where the run continues from, and what would help.
     kind: the pass in which run.fit had nothing left to lower; then only a new run that holds less
     helps (LoRA, a shorter max_new_tokens). None: the error came outside those passes (the
     optimizer's step, say): the knobs that lower memory and change nothing computed (RESUME_SAFE),
-    halved, or the same new run. saved: the checkpoint's step, or None."""
+    halved, or the same new run. saved: the checkpoint's step, or None; again: the knobs the run
+    was given (Run.again), for the command that starts it again."""
     new_run = ("--lora_rank 16 (LoRA: adapters train, the base is frozen in bf16) or "
                if getattr(cfg, "lora_rank", None) == 0 else "") + \
         "a shorter --max_new_tokens, or a GPU with more memory"
@@ -461,11 +518,12 @@ def out_of_memory(cfg, step, saved, kind=None):
     gen = cfg.gen_batch_size or cfg.prompts_per_step * cfg.group_size
     knobs = (("micro_batch_size", cfg.micro_batch_size), ("gen_batch_size", gen),
              ("logprob_chunk", cfg.logprob_chunk))
-    lower = (" ".join(f"--{k} {v // 2}" for k, v in knobs if v > 1) + " --gradient_checkpointing "
-             "true (experiments/speed.md has settings by GPU memory); or a new run with "
-             + new_run).lstrip()
+    lower = {**{k: v // 2 for k, v in knobs if v > 1}, "gradient_checkpointing": True}
+    more = f" (experiments/speed.md has settings by GPU memory); or a new run with {new_run}"
     if saved is None:
-        return (f"out of memory at step {step}, before any checkpoint; start it again with "
-                f"--overwrite true (it replaces this run) and less memory per pass: {lower}")
+        again = {**(again or {}), **lower, "out_dir": cfg.out_dir, "overwrite": True}
+        return (f"out of memory at step {step}, before any checkpoint; start it again with less "
+                f"memory per pass: {checkpoint.command(again)}{more}")
     return (f"out of memory at step {step}; the checkpoint holds the steps before {saved}; "
-            f"continue with less memory per pass: python train.py --resume {cfg.out_dir} {lower}")
+            f"continue with less memory per pass: "
+            f"{checkpoint.command({'resume': cfg.out_dir, **lower})}{more}")

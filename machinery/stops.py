@@ -12,7 +12,9 @@ before a step's first update and at a step's end, then saves the steps applied a
 the signal says so and the run ends as it would have. A second signal quits at once with the first
 signal's code (0 once the run is complete), leaving the last checkpoint as it was: its writes are
 atomic (machinery/checkpoint.py). What each line offers is the command that works in the state the
-folder is in at that moment (the run's `status`).
+folder is in at that moment (the run's `status`). Before the run installs these handlers and once
+it has put them back, `python train.py` ignores both signals (machinery/config.py), and its stdout
+and stderr lose their lines, never the run, once nobody reads them (Lossy).
 """
 import os
 import signal
@@ -77,3 +79,35 @@ def say(line):
         os.write(2, f"\n{line}\n".encode())
     except OSError:
         pass
+
+
+class Lossy:
+    """stdout or stderr for a process whose reader may go (`python train.py | head -2`, a log
+    collector that died): once a write or a flush meets a closed pipe (EPIPE), its descriptor is
+    pointed at /dev/null, so the lines are lost and the run goes on, as say() does for a stop's
+    line. Everything else is the stream's."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.gone()
+
+    def gone(self):
+        """What the stream still holds, and every later line, go to /dev/null."""
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self.stream.fileno())
+        os.close(null)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)

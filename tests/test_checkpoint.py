@@ -238,8 +238,14 @@ def test_out_of_memory_after_the_weights_moved_keeps_the_last_checkpoint(tmp_pat
     with pytest.raises(SystemExit) as e:
         config.main(train.Config, train.train, argv)
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 1 and err.startswith("error: out of memory at step 0, before any checkpoint; start it again with --overwrite true")
+    assert e.value.code == 1 and err.startswith("error: out of memory at step 0, before any checkpoint; start it "
+                                                "again with less memory per pass: python train.py "), err
     assert not (tmp_path / "run" / "checkpoint").exists()  # half a batch is never saved
+    # the command it offers: this run's flags, each memory knob halved, replacing the run
+    offered = shlex.split(err.split("less memory per pass: ")[1].split(" (experiments/speed.md")[0])
+    lower = ["--micro_batch_size", "64", "--gen_batch_size", "8", "--logprob_chunk", "2048",
+             "--gradient_checkpointing", "true", "--overwrite", "true"]
+    assert config.parse_args(train.Config, offered[2:]) == config.parse_args(train.Config, argv + lower)
 
 
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path, tiny_dir, monkeypatch):
@@ -761,7 +767,7 @@ def test_every_command_a_stop_offers_works_in_the_state_the_folder_is_in(tmp_pat
     hook = """
 real = checkpoint.fsync
 def fsync(path):  # the interrupt's own save: a second SIGTERM
-    if not getattr(fsync, "sent", False):
+    if "checkpoint.tmp" in str(path) and not getattr(fsync, "sent", False):
         fsync.sent = True
         os.kill(os.getpid(), signal.SIGTERM)
     return real(path)
@@ -853,9 +859,14 @@ def test_a_refused_start_offers_resume_only_where_a_finished_checkpoint_is(tmp_p
     assert checkpoint.resumable(str(tmp_path))
     with pytest.raises(ValueError, match=f"continue it with python train.py --resume {tmp_path}, "):
         checkpoint.check_fresh(str(tmp_path))
-    (tmp_path / "config.json").write_text("{not json")
-    assert checkpoint.start_again(str(tmp_path), train.Config) == (
-        f"python train.py --out_dir {tmp_path} --overwrite true and the flags it ran with")
+    with pytest.raises(ValueError, match=r"replace it with --overwrite true \(its checkpoint deleted\)"):
+        checkpoint.check_fresh(str(tmp_path))  # a whole checkpoint: the line says it goes
+    (tmp_path / "config.json").write_text("{not json")  # the run's flags are lost: it says so
+    said = checkpoint.start_again(str(tmp_path), train.Config)
+    assert said == (f"its flags went with its config.json; start a run there (adding the flags you "
+                    f"want) with: python train.py --out_dir {tmp_path} --overwrite true"), said
+    offered = shlex.split(said.split("with: ")[1])
+    config.resolve(*config.parse_args(train.Config, offered[2:]))  # a command that runs
     knobs = {"data_dir": "", "model": "my runs/x", "wandb": "", "overwrite": True}
     assert checkpoint.command(knobs) == ("python train.py --data_dir '' --model 'my runs/x' "
                                          "--wandb '' --overwrite true")
@@ -864,24 +875,324 @@ def test_a_refused_start_offers_resume_only_where_a_finished_checkpoint_is(tmp_p
 def test_config_json_records_the_method_spec_and_a_resume_refuses_an_edit(tmp_path, tiny_dir,
                                                                          monkeypatch, capsys):
     """config.json records d3s.METHODS[method] (method_spec) and each pick() line's value for the
-    run (picked), beside the knobs; a resume reads them as no knob. A method edited in d3s.py since
-    the run started is refused with one line that names the change; a config.json from before
-    method_spec resumes."""
+    run (picked) where no flag set the knob, beside the knobs; a resume reads them as no knob. A
+    method edited in d3s.py since the run started is refused with one line that names the change;
+    a config.json from before method_spec resumes."""
     run_dir = tmp_path / "run"
     config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, steps=1, eval_every=0))
     saved = json.load(open(run_dir / "config.json"))
     assert saved["method_spec"] == {"sample": "cross", "token": "adv_entropy", "schedule": "linear"}
-    assert saved["picked"]["divisor"] == "kept" and saved["picked"]["lr"] == 5e-5
-    assert saved["lr"] == 1e-4  # KW's, given: the knob as it ran, its line's value beside it
+    assert saved["picked"]["divisor"] == "kept" and saved["picked"]["max_new_tokens"] == 32
+    # KW's lr and steps, given: the knobs as they ran, and no line's value beside them to contradict
+    assert saved["lr"] == 1e-4 and saved["steps"] == 1
+    assert "lr" not in saved["picked"] and "steps" not in saved["picked"]
+    assert all(saved[k] == v for k, v in saved["picked"].items())
     config.main(train.Config, train.train, ["--resume", str(run_dir)])  # as it was: it resumes
     edited = {**train.d3s.METHODS["d3s"], "schedule": "constant"}
     monkeypatch.setitem(train.d3s.METHODS, "d3s", edited)
     err = exit_2(["--resume", str(run_dir)], capsys)
     assert err.startswith(f"error: --resume {run_dir}: d3s.METHODS['d3s'] has changed since the "
                           f"run started (schedule linear -> constant), so it would not continue "
-                          f"exactly; put it back in d3s.py, or start it again with: python "
-                          f"train.py --model {tiny_dir} "), err
+                          f"exactly; put it back in d3s.py, or start it again, deleting its "
+                          f"checkpoint, with: python train.py --model {tiny_dir} "), err
     monkeypatch.undo()
     del saved["method_spec"], saved["picked"]
     (run_dir / "config.json").write_text(json.dumps(saved))
     config.main(train.Config, train.train, ["--resume", str(run_dir)])
+
+
+# ----------------------------------------------------------------------------- config.json, whole or lost
+
+
+def test_config_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """write_atomic, config.json's writer: the new file is flushed to disk, renamed over the old
+    one, and the rename flushed; a crash at each of these leaves the old file or the new one, whole,
+    and no part file."""
+    path, events = tmp_path / "config.json", []
+    real_fsync, real_replace = os.fsync, os.replace
+    for n in range(1, 5):
+        path.write_text('{"old": 1}')
+        events.clear()
+
+        def op(name, real):
+            def run(*a):
+                events.append(name)
+                if len(events) == n:
+                    raise OSError(errno.EIO, "simulated crash")
+                return real(*a)
+            return run
+        monkeypatch.setattr(os, "fsync", op("fsync", real_fsync))
+        monkeypatch.setattr(os, "replace", op("replace", real_replace))
+        try:
+            checkpoint.write_atomic(str(path), '{"new": 2}')
+        except OSError:
+            assert n < 4
+        monkeypatch.undo()
+        assert json.loads(path.read_text()) == ({"old": 1} if n < 3 else {"new": 2}), n
+        assert os.listdir(tmp_path) == ["config.json"], n
+    assert events == ["fsync", "replace", "fsync"]  # the file, the rename, the folder
+
+
+def test_a_kill_while_config_json_is_written_leaves_a_run_that_resumes(tmp_path, tiny_dir, uninterrupted):
+    """A resume rewrites config.json (its changes, the run's out_dir). A kill at that moment, with
+    half the file written, must leave the old config.json whole beside the checkpoint, so that
+    --resume then continues exactly."""
+    def stop_after_step_0(line):  # a real Ctrl-C: the run stops at the step's end
+        if line.startswith("step    0 "):
+            os.kill(os.getpid(), signal.SIGINT)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=stop_after_step_0)
+    before = (run_dir / "config.json").read_text()
+    cut_off = """
+import builtins
+real_open = builtins.open
+class Half:  # writes a bit of config.json, then the process is killed
+    def __init__(self, f):
+        self.f = f
+    def write(self, text):
+        self.f.write(text[:10])
+        self.f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *a):
+        self.f.close()
+def half_open(file, mode="r", *a, **k):
+    f = real_open(file, mode, *a, **k)
+    return Half(f) if os.path.basename(str(file)).startswith("config.json") and "w" in mode else f
+builtins.open = half_open
+"""
+    killed = train_process(["--resume", str(run_dir)], cut_off)
+    _, err = killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL, err
+    assert (run_dir / "config.json").read_text() == before  # the old one, whole
+    train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
+    same_run(trained(run_dir), uninterrupted)
+
+
+@pytest.mark.parametrize("broken", ["", "null", '"steps": "twelve"', '"lr": "abc"'],
+                         ids=["empty", "null", "steps", "lr"])
+def test_a_resume_without_a_readable_config_json_goes_on_from_the_checkpoints_copy(
+        tmp_path, tiny_dir, broken, uninterrupted):
+    """config.json empty (a kill mid-write, before it was written whole), not an object, or with a
+    value of the wrong type: the checkpoint holds a copy of it, so --resume goes on from that copy,
+    says so in its first line, writes config.json back whole, and continues exactly."""
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            os.kill(os.getpid(), signal.SIGINT)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=stop_after_step_0)
+    good = json.loads((run_dir / "config.json").read_text())
+    key, _, value = broken.partition(": ")
+    (run_dir / "config.json").write_text(
+        json.dumps({**good, key.strip('"'): json.loads(value)}) if value else broken)
+    lines = []
+    train.train(train.Config(resume=str(run_dir)), log=lines.append)
+    assert lines[0].endswith(": its checkpoint's copy goes on)") and "resuming at step 1 (config.json " in lines[0]
+    assert json.loads((run_dir / "config.json").read_text()) == {**good, "resume": str(run_dir)}
+    same_run(trained(run_dir), uninterrupted)
+
+
+def test_a_run_this_train_py_cannot_continue_offers_its_weights_and_never_a_broken_command(
+        tmp_path, tiny_dir, monkeypatch, capsys):
+    """A whole checkpoint that --resume cannot continue: config.json broken and no copy in the
+    checkpoint (one saved before checkpoints held one), or a method d3s.py no longer has. The line
+    offers a new run from its weights, a command that runs and leaves the run as it is, never
+    --overwrite (which deletes it) nor a --method that is gone; every line is one line, exit 2."""
+    run_dir = tmp_path / "run"
+    config.main(train.Config, train.train, argv_of(run_dir, tiny_dir, steps=1, eval_every=0, method="d2s"))
+    state = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)
+    assert state["config"] == json.loads((run_dir / "config.json").read_text())
+    with monkeypatch.context() as m:  # a new dict: METHODS's order stays as it is for other tests
+        m.setattr(train.d3s, "METHODS", {k: v for k, v in train.d3s.METHODS.items() if k != "d2s"})
+        gone = exit_2(["--resume", str(run_dir)], capsys)
+    del state["config"]  # a checkpoint from before the copy
+    torch.save(state, run_dir / "checkpoint" / "trainer.pt")
+    (run_dir / "config.json").write_text("")
+    lost = exit_2(["--resume", str(run_dir)], capsys)
+    assert "it ran --method d2s, which d3s.METHODS no longer has" in gone, gone
+    assert "config.json is unreadable" in lost and "holds no copy of the run's knobs" in lost, lost
+    for line in (gone, lost):
+        assert "--overwrite" not in line and "--method" not in line.split("with: ")[1], line
+        offered = shlex.split(line.split("with: ")[1])
+        assert offered[:2] == ["python", "train.py"], line
+        cfg = config.resolve(*config.parse_args(train.Config, offered[2:]))  # it runs
+        assert cfg.model == str(run_dir / "checkpoint") and cfg.out_dir != str(run_dir)
+
+
+# ----------------------------------------------------------------------------- a closed pipe, the end, Ctrl-C early
+
+
+def test_a_stdout_nobody_reads_loses_its_lines_not_the_run(tmp_path, tiny_dir):
+    """`python train.py | head -2`: once head has gone, print meets a closed pipe (EPIPE). The
+    lines are lost, the run goes on to its end and exits 0, without a traceback, whether stdout is
+    unbuffered (each line fails at once) or buffered (it fails at a flush, or at the exit)."""
+    procs = {}
+    for buffered in (False, True):
+        run_dir = tmp_path / f"buffered={buffered}"
+        env = {k: v for k, v in ENV.items() if not (buffered and k == "PYTHONUNBUFFERED")}
+        argv = " ".join(shlex.quote(a) for a in small_run(run_dir, tiny_dir, 2))
+        procs[run_dir] = subprocess.Popen(
+            ["bash", "-c", f"{shlex.quote(sys.executable)} train.py {argv} | head -2; "
+                           "exit ${PIPESTATUS[0]}"],
+            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for run_dir, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert (proc.returncode, err) == (0, ""), (run_dir, err)
+        assert out.splitlines()[0].startswith(f"run {run_dir} | ") and len(out.splitlines()) == 2
+        state = torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)
+        assert state["step"] == 2 and [r["step"] for r in rows(run_dir)] == [0, 1]
+
+
+def test_a_signal_as_a_complete_run_closes_changes_nothing(tmp_path, tiny_dir):
+    """SIGINT and SIGTERM just after the run's handlers are put back (its folder closed, the `done:`
+    line printed): a complete run still exits 0, without a traceback."""
+    as_it_closes = """
+from machinery import stops
+real = stops.Stop.restore
+def restore(self):
+    real(self)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+stops.Stop.restore = restore
+"""
+    proc = train_process(small_run(tmp_path / "run", tiny_dir, 1), as_it_closes)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (0, ""), (proc.returncode, err)
+    assert out.splitlines()[-1].startswith("done: held-out accuracy")
+
+
+# `python PROGRAM --help` with SIGINT sent to itself as it first imports torch
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+sys.path.insert(0, os.getcwd())
+class Interrupt:  # a finder asked first for every import: Ctrl-C as torch's import begins
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line_and_exit_130():
+    """Ctrl-C while train.py or eval.py imports torch (seconds, before a run has handlers): one
+    line, exit 130, no traceback."""
+    procs = [subprocess.Popen([sys.executable, "-c", INTERRUPTED_IMPORT, program], cwd=ROOT, env=ENV,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for program in ("train.py", "eval.py")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert (proc.returncode, out, err) == (130, "", "\ninterrupted (Ctrl-C) while starting: nothing was "
+                                                        "written\n"), (proc.args[-1], proc.returncode, err)
+
+
+# ----------------------------------------------------------------------------- a full disk, a read-only folder
+
+
+def test_a_full_disk_is_one_line_whose_command_runs(tmp_path, tiny_dir):
+    """A real file size limit (RLIMIT_FSIZE, as `prlimit --fsize` sets) that the checkpoint cannot
+    fit: the save fails inside safetensors. One line on stderr, exit 1, saying what could not be
+    written, what the folder holds and what to do; its command, run once the limit is gone,
+    completes the run."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, 500_000))  # the model is 3.3 MB
+    run_dir = tmp_path / "run"
+    argv = small_run(run_dir, tiny_dir, 2)
+    argv[argv.index("--save_every") + 1] = "1"
+    full = train_process(argv, preexec_fn=small_files)
+    _, err = full.communicate(timeout=120)
+    assert full.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: cannot write {run_dir}/checkpoint.tmp: Error while serializing: I/O "
+                          f"error: File too large (os error 27); no checkpoint was saved yet; raise the "
+                          f"file size limit (ulimit -f), then start it again with: python train.py "), err
+    offered = shlex.split(err.split("start it again with: ")[1])
+    done = subprocess.run([sys.executable, *offered[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 2
+
+
+def test_no_space_at_a_save_keeps_the_last_checkpoint_and_says_so(tmp_path, tiny_dir, monkeypatch, capsys,
+                                                                 uninterrupted):
+    """ENOSPC while a periodic checkpoint is written: one line, exit 1, the previous checkpoint
+    stands, and the command it names continues into the uninterrupted run."""
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            os.kill(os.getpid(), signal.SIGINT)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=stop_after_step_0)
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        if str(f).endswith("trainer.pt.part"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, ["--resume", str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err == [
+        f"error: cannot write {run_dir}/checkpoint.tmp/trainer.pt.part: No space left on device; the last "
+        f"checkpoint stands; free some disk space, then continue with: python train.py --resume {run_dir}"], err
+    monkeypatch.undo()
+    assert torch.load(run_dir / "checkpoint" / "trainer.pt", weights_only=False)["step"] == 1
+    train.train(train.Config(resume=str(run_dir)), log=lambda *a: None)
+    same_run(trained(run_dir), uninterrupted)
+
+
+def test_a_read_only_run_folder_is_one_line_and_no_second_error(tmp_path, tiny_dir, monkeypatch, capsys):
+    """A folder that became read-only (EROFS; these tests run as root, whom chmod does not stop, so
+    the filesystem's answer is simulated at open and remove): a resume that cannot write config.json
+    stops with one line that says what to do, and removing run.lock, which fails the same way,
+    adds no second error. Where even run.lock cannot be made, a resume is told to copy the folder,
+    not to pass another --out_dir (which --resume refuses)."""
+    def stop_after_step_0(line):
+        if line.startswith("step    0 "):
+            os.kill(os.getpid(), signal.SIGINT)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train.train(train.Config(model=tiny_dir, out_dir=str(run_dir), **KW), log=stop_after_step_0)
+    before = (run_dir / "config.json").read_text()
+    real_open, real_remove = open, os.remove
+
+    def read_only(file, mode="r", *a, **k):
+        if str(file).startswith(str(run_dir)) and "w" in mode and "run.lock" not in str(file):
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return real_open(file, mode, *a, **k)
+
+    def no_remove(path, *a, **k):
+        if str(path).startswith(str(run_dir)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_remove(path, *a, **k)
+    monkeypatch.setattr("builtins.open", read_only)
+    monkeypatch.setattr(os, "remove", no_remove)
+    with pytest.raises(SystemExit) as e:
+        config.main(train.Config, train.train, ["--resume", str(run_dir)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"error: cannot write {run_dir}/config.json") and err[0].endswith(
+        f": Read-only file system; the last checkpoint stands; make {run_dir} writable, then continue with: "
+        f"python train.py --resume {run_dir}"), err
+    assert (run_dir / "config.json").read_text() == before
+    real_os_open = os.open
+
+    def no_lock(path, *a, **k):
+        if str(path).endswith("run.lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_os_open(path, *a, **k)
+    monkeypatch.setattr(checkpoint.os, "open", no_lock)
+    err = exit_2(["--resume", str(run_dir)], capsys)
+    assert err == (f"error: cannot write {run_dir}/run.lock: Read-only file system; copy the folder where you "
+                   f"can write and pass the copy to --resume"), err

@@ -335,11 +335,24 @@ def test_pick_groups_rule():
     assert plots.pick_groups([wrong, mixed, right], 1) == [(1, "mixed")]
 
 
-def test_every_mode_has_its_words():
-    # "random" tokens: the control train.py names d3s-random (its words are here beforehand)
-    assert (set(plots.SAMPLE_RULES) == set(d3s.SAMPLE_MODES)
-            and set(d3s.TOKEN_MODES) <= set(plots.TOKEN_RULES) <= {*d3s.TOKEN_MODES, "random"})
-    assert set(plots.SCORE_NAMES) == set(plots.TOKEN_RULES) - {"none"}
+def test_every_mode_has_d3s_words_on_the_page(d3s_step):
+    """The page describes each mode in d3s.py's own words, so no mode can show as "?"."""
+    for level, modes in (("sample", d3s.SAMPLE_MODES), ("token", d3s.TOKEN_MODES)):
+        for mode, words in modes.items():
+            page = plots.selection_html(dict(d3s_step[-1], **{f"{level}_mode": mode}))
+            rule = html.unescape(page.split('<p class="rule">')[1].split("</p>")[0])
+            assert words.split(",")[0].replace("rho_", "ρ").replace("|A| * H", "|A|·H")[1:] \
+                in rule, (level, mode, rule)
+            assert "?" not in rule
+    assert set(plots.SCORE_NAMES) == set(d3s.TOKEN_MODES) - {"none"}
+
+
+def test_a_mode_added_to_d3s_is_described_by_its_own_words(d3s_step, monkeypatch):
+    """A token mode added to d3s.py shows its words from there, not a bare "?"."""
+    monkeypatch.setitem(d3s.TOKEN_MODES, "new_mode", "the tokens a new rule keeps")
+    page = plots.selection_html(dict(d3s_step[-1], token_mode="new_mode"))
+    rule = page.split('<p class="rule">')[1].split("</p>")[0]
+    assert "The tokens a new rule keeps: nothing is scored or shaded." in rule, rule
 
 
 def test_write_selection_and_rebuild_from_the_run_folder(tmp_path, d3s_step, capsys):
@@ -454,7 +467,7 @@ def test_an_a0_group_with_kept_rollouts_says_why(tokenizer):
 def test_the_page_names_a_zero_variance_group_and_the_step_as_the_rules_do(tokenizer):
     """One vocabulary: "zero-variance group" (all G rewards equal, A = 0) and "step", under every
     sample mode."""
-    for sample in plots.SAMPLE_RULES:
+    for sample in d3s.SAMPLE_MODES:
         record = d3s_record_at(tokenizer, 0.75)
         text = plots.selection_html(dict(record, sample_mode=sample))
         assert "batch" not in text, sample
@@ -464,7 +477,7 @@ def test_the_page_names_a_zero_variance_group_and_the_step_as_the_rules_do(token
         assert "Prompt 0 · mixed:" in text
         assert "one all-right and one all-wrong zero-variance group when the step has them" in text
     assert ("zero-variance groups (all right or all wrong, so A = 0) are the first dropped"
-            in plots.SAMPLE_RULES["cross"])
+            in plots.rule("sample", "cross"))
     intra = plots.selection_html(dict(d3s_record_at(tokenizer, 0.75), sample_mode="intra"))
     assert "keeps the same number of rollouts in every group, a zero-variance group too." in intra
 

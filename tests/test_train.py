@@ -508,6 +508,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     from machinery.logs import step_line
     line = step_line(dict(row, t_gen=0, t_upd=0, kept=4), 4)  # 4 mini-batches: one had nothing to learn
     assert "updates 1/4 (1 no signal, 1 zero grad, 1 non-finite)" in line
+    assert " | tokens 4/6 | fwd+bwd 21 | " in line  # trained / kept completion tokens; compute
     skipped = step_record(*args, [])
     assert skipped["grad_norm"] is None and skipped["no_signal"] and skipped["ratio_first"] is None
 
