@@ -96,16 +96,17 @@ def pass_ks(n):
 
 
 def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=512, batch_size=64,
-             top_p=1.0, progress=False, desc="eval", seed=None, stop=None, halve=True):
+             top_p=1.0, progress=False, desc="eval", seed=None, stop=None, halve=True,
+             engine="loop"):
     """Generate n completions for each problem ({"prompt", "answer"} rows of machinery/data.py),
     grade them.
 
-    batch_size: completions per `generate` call. Out of memory lowers it as train.py's generation
-    does (machinery/memory.halve: whole groups of n, then the plain cache) and redoes the batch;
-    halve=False leaves the error to the caller (train.py: run.fit lowers and records
-    --gen_batch_size). stop: a stopping criterion that ends generation early (train.py's, on a
-    signal: it then discards the result).
-    seed (sampling only; greedy decoding ignores it): with top_p == 1 (rollout.Sampler) one seed
+    batch_size: completions per generation call. Out of memory halves it (machinery/memory.halve)
+    and redoes the batch; halve=False leaves the error to the caller (train.py: run.fit lowers and
+    records --gen_batch_size). stop: machinery/stops.Stop, whose flag ends generation early
+    (train.py's, on a signal: it then discards the result). engine: rollout.generate_groups' (loop,
+    or hf: transformers' generate), the same completions either way.
+    seed (sampling only; greedy decoding ignores it): with top_p == 1 (sampling.sample) one seed
     gives the same samples whatever batch_size, an out-of-memory halving or other random draws (bit
     for bit on a CPU in float32; under bf16 autocast on a GPU the logits change with batch shape,
     and so can the samples), and torch's generator is not touched; seed=None draws one seed from
@@ -146,7 +147,7 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
     with torch.random.fork_rng(devices=devices, enabled=nucleus):
         if nucleus:
             torch.manual_seed(seed)
-        done, cache = 0, "prefix"
+        done = 0
         while done < len(order):
             chunk = order[done:done + max(1, batch_size // n)]  # problems in this batch
             # rows are numbered over the whole evaluation (longest prompt first, n per problem), so
@@ -154,23 +155,22 @@ def evaluate(model, tokenizer, problems, n=1, temperature=0.0, max_new_tokens=51
             try:
                 rollouts = generate_groups(model, tokenizer, [prompts[i] for i in chunk], n,
                                            max_new_tokens, temperature=temperature, top_p=top_p,
-                                           batch_size=batch_size, cache=cache, first_row=done * n,
+                                           batch_size=batch_size, engine=engine,
+                                           first_row=done * n,
                                            seed=seed if own_sampler else None, stop=stop)
             except RuntimeError as e:  # torch's out of memory, or a CUDA library's (memory.py)
                 if not (halve and memory.is_out_of_memory(e)):
                     raise
                 rollouts = None  # out of the except first: its traceback holds the batch's tensors
             if rollouts is None:  # out of memory: this batch again, with less
-                now = {"generation": cache, "gen_batch_size": batch_size}
-                lower = memory.halve("generation", now, min(batch_size, len(chunk) * n),
-                                     group_size=n)
+                lower = memory.halve("evaluation", {"gen_batch_size": batch_size},
+                                     min(batch_size, len(chunk) * n))
                 if not lower:
                     raise torch.OutOfMemoryError(f"{desc}: out of memory with --batch_size 1")
-                cache, batch_size = lower.get("generation", cache), lower["gen_batch_size"]
                 torch.cuda.empty_cache()  # the failed batch's blocks (a no-op while CUDA is unused)
-                tqdm.write(f"{desc}: out of memory: " + ", ".join(
-                    f"{'--batch_size' if k == 'gen_batch_size' else 'cache'} {now[k]} -> {v}"
-                    for k, v in lower.items()) + ", the batch redone", file=sys.stderr)
+                tqdm.write(f"{desc}: out of memory: --batch_size {batch_size} -> "
+                           f"{lower['gen_batch_size']}, the batch redone", file=sys.stderr)
+                batch_size = lower["gen_batch_size"]
                 continue
             lens = rollouts.lengths.tolist()
             cut = rollouts.truncated.tolist()

@@ -1,14 +1,16 @@
 """
 Rollouts for GRPO/D3S: sample groups of completions, mark which tokens are real, and score tokens.
 
-Step 1 (docs/algorithm.md), generate_groups: G completions per prompt with HF `generate`, group by
-group, each with a mask up to and including its first stop token (completion_mask) and a truncated
-flag. The machinery beneath it (machinery/sampling.py) draws every token from exactly
-softmax(logits / T), with random numbers that are a pure function of (seed, row, position), so the
-samples do not depend on batch size or cache mode: bit for bit on a CPU in float32. Step 5,
-completion_hidden then head_logprobs: log pi(y_t | x, y_<t) of each completion token and the entropy
-H_t of softmax(logits / T), the lm_head in float32 and in checkpointed chunks, so that nothing ever
-holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
+Step 1 (docs/algorithm.md), generate_groups: G completions per prompt, group by group, each with a
+mask up to and including its first stop token (completion_mask) and a truncated flag, from decode:
+each prompt prefilled once into a static KV cache of its G rows, then one token at a time (after
+nanochat's engine and gpt-fast; compiled on a GPU). machinery/sampling.py holds what is beneath:
+the sampler draws every token from exactly softmax(logits / T) with random numbers that are a pure
+function of (seed, row, position), so the samples do not depend on batch size or engine (HF
+`generate` is the reference engine): bit for bit on a CPU in float32. Step 5, completion_hidden then
+head_logprobs: log pi(y_t | x, y_<t) of each completion token and the entropy H_t of
+softmax(logits / T), the lm_head in float32 and in checkpointed chunks, so that nothing ever holds
+the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -16,18 +18,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
-from transformers import LogitsProcessorList, StoppingCriteriaList
 
-# CACHES and NonFiniteLogits too: machinery/config.py and train.py import them from here
-from machinery.sampling import (CACHES, NonFiniteLogits, Sampler, check_generate_args,  # noqa: F401
-                                clean_generation_config, draw_seed, encode_left_padded,
-                                generation_mode, prefill)
+from machinery.sampling import (DecodeStep, check_finite, check_generate_args, draw_seed,
+                                encode_left_padded, first_bad, generation_mode, hf_generate,
+                                row_keys)
 
 # [ours] lm_head positions per chunk, counted over the micro-batch (only the positions asked for).
 # A chunk briefly holds a few (chunk, V) float32 tensors (logits, log-softmax, probabilities, their
-# gradients): for Qwen's V = 151,936, 4096 * 151,936 * 4 B = 2.5 GB each, at the peak 7.0 GiB in the
-# gradient pass and 9.3 GiB in the no-grad pass with the entropy (experiments/memory.py), whatever
-# the batch and completion length (the full logits of 16 rollouts of 4096 tokens: 40 GB each).
+# gradients): for V = 151,936, 2.5 GB each, at the peak 7.0 GiB in the gradient pass and 9.3 GiB in
+# the no-grad pass with the entropy (experiments/memory.py), whatever the batch and lengths.
 # Smaller chunks save memory but barely time; lower it on a small GPU.
 CHUNK_SIZE = 4096
 
@@ -43,6 +42,7 @@ class Rollouts:
     group: torch.Tensor            # (B,) long, index of the prompt each row answers
     texts: list[str]               # B str, decoded completions without the stop / special tokens
     entropy: Optional[torch.Tensor] = None  # (B, T) float32, the sampler's (record_entropy=True)
+    decoded: int = 0  # row-positions decoded: rows x decode steps, summed over the calls
 
     @property
     def completion_start(self):
@@ -140,79 +140,87 @@ def completion_mask(completion_ids, stop_ids):
 
 
 def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0,
-                    top_p=1.0, batch_size=None, record_entropy=False, cache="prefix", seed=None,
+                    top_p=1.0, batch_size=None, record_entropy=False, engine="loop", seed=None,
                     first_row=0, stop=None):
     """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
 
+    engine: loop (decode, below) or hf (transformers' generate, the reference): the same samples.
     temperature 0 is greedy decoding (evaluation). temperature > 0 with top_p 1 samples from exactly
-    softmax(logits / T) (Sampler): of model.generation_config only its EOS ids are used. top_p < 1
-    (eval.py) is generate's own sampler, which draws from torch's generator: it takes no seed.
-    seed: None draws one from torch's global generator (machinery/sampling.py says what a seed
-    guarantees). first_row: this call's first row in a larger batch that the caller splits over
-    calls (eval.py), so that the split changes no sample. batch_size: rows per `generate` call
-    (None = all). record_entropy: Rollouts.entropy holds the sampler's entropy at every position.
-    stop: a stopping criterion that ends every row early (machinery/stops.py: a signal came).
-    cache, the same samples every way (under autocast, the keys and values in its dtype):
-      prefix  [ours] each prompt's KV cache computed once and copied to its G rows, instead of G
-              identical prefills (the default: measured faster, experiments/speed.md)
-      plain   transformers' default dynamic cache, every row prefilled on its own
-      static  a preallocated static cache: on a GPU transformers then compiles the decode step
-    Raises NonFiniteLogits when the model's logits hold a NaN or inf while sampling.
+    softmax(logits / T) (sampling.sample): of model.generation_config only its EOS ids are used.
+    top_p < 1 (eval.py) is generate's own nucleus sampler, from torch's generator (no seed). seed:
+    None draws one from torch's generator (machinery/sampling.py says what a seed guarantees).
+    first_row: this call's first row in a larger batch that the caller splits over calls (eval.py),
+    so that the split changes no sample. batch_size: rows per call (None = all). record_entropy:
+    Rollouts.entropy holds the sampler's entropy. stop: machinery/stops.Stop, whose flag ends every
+    row early (a signal came). Raises NonFiniteLogits on NaN or inf logits while sampling.
     """
     check_generate_args(**locals())  # ValueError on a bad argument (machinery/sampling.py)
     stop_ids = stop_token_ids(model, tokenizer)
     # [ours] no pad token (Llama): pad with the first stop id, harmless since found by position
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     device = next(model.parameters()).device
-
-    prompt_ids, prompt_mask = encode_left_padded(tokenizer, prompts, pad_id)  # (n, P)
-    prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0).to(device)  # (B, P) group by group
-    prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)
+    prompt_ids, prompt_mask = (x.to(device) for x in encode_left_padded(tokenizer, prompts, pad_id))
     group = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
-    B, P = prompt_ids.shape
-
-    own_sampler = temperature > 0 and top_p == 1
-    if own_sampler and seed is None:
-        seed = draw_seed()  # one per call, before anything else draws
-    config = clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache)
-
-    share = cache == "prefix" and group_size > 1 and P > 1
-    step = B if batch_size is None else batch_size
-    if share:  # whole groups per call, so that a prompt's rows share its cache
-        step = max(group_size, step // group_size * group_size)
-    chunks, entropies = [], []
+    B, sampled = len(group), temperature > 0 and top_p == 1
+    seed = draw_seed() if sampled and seed is None else seed  # one a call, before other draws
+    calls = []
     with generation_mode(model, device):  # eval, no grad, a blank model.generation_config
-        for s in range(0, B, step):
-            ids, am = prompt_ids[s:s + step], prompt_mask[s:s + step]  # (b, P)
-            sampler = Sampler(temperature, seed, first_row + s) if own_sampler else None
-            extra = {}
-            if share:  # each prompt's KV cache, for its G rows
-                extra["cache"] = prefill(model, ids[::group_size], am[::group_size], group_size)
-            out = model.generate(input_ids=ids, attention_mask=am, generation_config=config,
-                                 logits_processor=LogitsProcessorList([sampler] if sampler else []),
-                                 stopping_criteria=StoppingCriteriaList([stop] if stop else []),
-                                 **extra)  # (b, P + t), t <= max_new_tokens: less if all stop
-            if sampler is not None:
-                sampler.check_finite()  # NaN or inf logits are an error, not samples
-            chunks.append(out[:, P:])
-            if record_entropy:
-                entropies.append(torch.stack(sampler.entropy, dim=1))  # (b, t)
+        for s in range(0, B, batch_size or B):
+            rows = torch.arange(s, min(s + (batch_size or B), B), device=device)  # (b,)
+            if engine == "hf" or top_p < 1:
+                calls.append(hf_generate(model, prompt_ids[group[rows]], prompt_mask[group[rows]],
+                                         max_new_tokens, stop_ids, pad_id, temperature, top_p,
+                                         seed, first_row + s, stop))
+                continue
+            used, prompt_of = group[rows].unique(return_inverse=True)  # each prompt once
+            keys = row_keys(seed, rows + first_row) if sampled else None
+            *call, bad = decode(model, prompt_ids[used], prompt_mask[used], prompt_of,
+                                max_new_tokens, stop_ids, pad_id, temperature, keys, stop)
+            check_finite(bad, first_row + s)  # NaN or inf logits are an error, not samples
+            calls.append(call)
 
-    T = max(c.shape[1] for c in chunks)  # each call padded to the longest: (B, T)
-    completion_ids = torch.cat([F.pad(c, (0, T - c.shape[1]), value=pad_id) for c in chunks])
-    entropy = torch.cat([F.pad(e, (0, T - e.shape[1])) for e in entropies]) if entropies else None
+    # each call padded to the longest, then cut to the longest completion (a loop may run on)
+    T = max(ids.shape[1] for ids, _ in calls)
+    completion_ids = torch.cat([F.pad(ids, (0, T - ids.shape[1]), value=pad_id)
+                                for ids, _ in calls])
     mask = completion_mask(completion_ids, stop_ids)  # (B, T)
+    T = int(mask.sum(dim=1).max())
+    completion_ids, mask = completion_ids[:, :T], mask[:, :T]
     is_stop = torch.isin(completion_ids, torch.tensor(stop_ids, device=device))
     truncated = ~(is_stop & mask).any(dim=1)  # (B,) the only stop in a row's mask is its last
     completion_ids = completion_ids.masked_fill(~mask, pad_id)
 
-    # The text is the answer without its stop token; a truncated row keeps all its tokens.
-    keep = mask & ~is_stop  # (B, T)
+    keep = mask & ~is_stop  # (B, T) the text: without the stop token (a truncated row: all)
     answers = [row[k].tolist() for row, k in zip(completion_ids.cpu(), keep.cpu())]
     texts = tokenizer.batch_decode(answers, skip_special_tokens=True)
-    if entropy is not None:
-        entropy = entropy.masked_fill(~mask, 0.0)  # after the stop token: padding
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, truncated, group, texts, entropy)
+    entropy = None if not record_entropy else torch.cat(  # (B, T), 0 after the stop token
+        [F.pad(e, (0, max(0, T - e.shape[1])))[:, :T] for _, e in calls]).masked_fill(~mask, 0)
+    return Rollouts(prompt_ids[group], prompt_mask[group], completion_ids, mask, truncated, group,
+                    texts, entropy, sum(ids.numel() for ids, _ in calls))
+
+
+def decode(model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, stop_ids, pad_id,
+           temperature, keys, stop=None):
+    """Step 1's decode loop, for the rows prompt_of (b,) of the prompts (n, P): each prompt
+    prefilled once into a static KV cache of its rows, then one token at a time. -> tokens (b, t),
+    entropy (b, t), and each row's first position with NaN or inf logits (-1: none)."""
+    step = DecodeStep(model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, temperature, keys)
+    b, device = len(prompt_of), prompt_ids.device
+    stops = torch.tensor(stop_ids, device=device)
+    tokens = torch.full((b, max_new_tokens), pad_id, device=device)  # (b, N)
+    entropy = torch.zeros((b, max_new_tokens), device=device)  # (b, N)
+    done = torch.zeros(b, dtype=torch.bool, device=device)  # (b,) rows that stopped
+    bad = torch.full((b,), -1, device=device)  # (b,) first position with NaN or inf logits
+    token, h, nonfinite = step.first  # drawn from each prompt's last hidden state
+    for t in range(max_new_tokens):
+        tokens[:, t] = token = token.masked_fill(done, pad_id)  # a stopped row gets padding
+        entropy[:, t], bad = h, first_bad(bad, nonfinite, t)
+        done |= torch.isin(token, stops)
+        signal = stop is not None and stop.first is not None  # the caller drops these rows
+        if t + 1 == max_new_tokens or signal or (t + 1) % step.sync_every == 0 and done.all():
+            break  # the budget, a signal, or every row stopped (a host sync: rare on a GPU)
+        token, h, nonfinite = step(token, t + 1)  # through the cache; softmax(logits / T)
+    return tokens[:, :t + 1], entropy[:, :t + 1], bad
 
 
 def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):

@@ -73,7 +73,7 @@ class Config:
     # speed and memory, none changes what is computed; on a GPU "auto" fits them to its memory
     micro_batch_size: int = pick(gpu="auto", tiny=128, real=16)  # kept rollouts per fwd/backward
     gen_batch_size: int = pick(gpu="auto", default=0)  # rollouts per generate call (0: all at once)
-    generation: str = "prefix"      # KV cache: prefix (a prompt's, once for its G) | plain | static
+    generation: str = "loop"        # loop (rollout.decode: compiled on a GPU) | hf (HF generate)
     logprob_chunk: int = pick(gpu="auto", default=4096)  # positions per lm_head chunk, never all
     gradient_checkpointing: bool = pick(gpu="auto", default=False)  # less activation memory, slower
     dtype: str = "auto"             # auto (autocast on a GPU) | float16 | float32 | bfloat16
@@ -130,7 +130,7 @@ def train(cfg, log=print, given=None):
             with ctx():  # run.fit: out of memory lowers a knob in cfg and calls again; a signal
                 rollouts = run.fit("generation", lambda: generate_groups(  # stops the step here
                     model, tokenizer, prompts, G, cfg.max_new_tokens, cfg.temperature, seed=seed,
-                    cache=cfg.generation, batch_size=cfg.gen_batch_size or None,
+                    engine=cfg.generation, batch_size=cfg.gen_batch_size or None,
                     record_entropy=True, stop=run.stop))
             t_gen, t0 = time.time() - t0, time.time()
 
@@ -308,10 +308,10 @@ def optimizer_step(model, optimizer, grad_clip, loss, scaler):
 
 
 def held_out(model, tokenizer, eval_set, cfg, ctx, run):
-    """Greedy accuracy on the held-out prompts (eval.evaluate, as eval.py's), in run.fit."""
+    """Greedy accuracy (evaluate's default) on the held-out prompts, as eval.py's, in run.fit."""
     with ctx():
         return run.fit("evaluation", lambda: evaluate(
-            model, tokenizer, eval_set, n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+            model, tokenizer, eval_set, max_new_tokens=cfg.max_new_tokens, engine=cfg.generation,
             batch_size=cfg.gen_batch_size or 256, stop=run.stop, halve=False))["accuracy"]
 
 

@@ -121,6 +121,10 @@ Student's t with n - 1 degrees of freedom: mean ± t(0.975, n-1) · s / sqrt(n),
                    groups (and more all-right ones)
   gen s, upd s     seconds per step: generating the rollouts, and everything after (reward to
                    update)
+  pad %            the share of the decoded row-positions (rows x decode steps) that came after
+                   their row had stopped (log.jsonl's pad_share): what the longest row of a
+                   generation call costs the others, mean over steps and seeds ("-": runs of
+                   before the field)
   total s          the wall time of the method's runs, added up (runs share the cores: compare
                    loosely)
 A run that raises is listed as failed with its one-line error; the other runs go on.
@@ -177,7 +181,7 @@ from machinery.model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
 STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "fwd_bwd_tokens",
-               "valid", "grad_norm", "t_gen", "t_upd", "nonfinite", "updates")
+               "valid", "grad_norm", "t_gen", "t_upd", "nonfinite", "updates", "pad_share")
 # train.Config fields bench passes on when given on the command line (the rest: train.py's
 # defaults); the divisor and the mini-batch size where this train.py has them
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int,
@@ -503,6 +507,7 @@ def aggregate(results, keys):
             "grad_mean": np.nanmean(grad, axis=0).tolist()}
         # runs of before the zero_var and updates fields: "-"
         zero_var, updates = run_means(runs, "zero_var"), run_means(runs, "updates")
+        pad = run_means(runs, "pad_share")
         row.update(
             seeds=[r["seed"] for r in runs], divisor=runs[0].get("divisor"),
             minibatch_size=minibatch,
@@ -516,6 +521,7 @@ def aggregate(results, keys):
                 sum(s["fwd_bwd_tokens"] for s in r["steps"]) for r in runs)),
             t_gen=round(statistics.mean(s["t_gen"] for r in runs for s in r["steps"]), 2),
             t_upd=round(statistics.mean(s["t_upd"] for r in runs for s in r["steps"]), 2),
+            pad=None if pad is None else round(100 * statistics.mean(pad), 1),
             seconds=round(float(seconds[:, -1].mean()), 1),  # all steps: before the last eval
             **versus_grpo(runs, base, steps, curve))
     return rows, curves
@@ -602,11 +608,11 @@ def format_table(rows):
 
     lines = ["| method | lr | K | divisor | final acc % | Δ final | AUC % | Δ AUC | steps to GRPO "
              "| s to GRPO (gen+upd) | rollouts trained | tokens trained | tokens fwd+bwd "
-             "| zero-var % | gen s/step | upd s/step | total s | runs |",
-             "|" + " --- |" * 18]
+             "| zero-var % | gen s/step | upd s/step | pad % | total s | runs |",
+             "|" + " --- |" * 19]
     for r in rows:
         if not r["runs"]:
-            lines.append(f"| {r['method']} | {setting(r)} | failed " + "| - " * 11
+            lines.append(f"| {r['method']} | {setting(r)} | failed " + "| - " * 12
                          + f"| {r['wall']} | {status(r)} |")
             continue
         s = r["s_to_grpo"]
@@ -617,7 +623,8 @@ def format_table(rows):
             f"| {steps(r)} | {seconds} | {share(r['rollouts'], r['rollouts_pct'])} "
             f"| {share(r['tokens'], r['tokens_pct'])} "
             f"| {share(r.get('fwd_bwd'), r.get('fwd_bwd_pct'))} | {pm(r['zero_var'])} "
-            f"| {r['t_gen']:.2f} | {r['t_upd']:.2f} | {r['wall']} | {status(r)} |")
+            f"| {r['t_gen']:.2f} | {r['t_upd']:.2f} | {'-' if r.get('pad') is None else r['pad']} "
+            f"| {r['wall']} | {status(r)} |")
     return "\n".join(lines)
 
 

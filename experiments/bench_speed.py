@@ -20,12 +20,12 @@ weights never answers right, and a step with nothing to learn skips its update i
 
 Each configuration runs in its own process, so that its peak memory is its own (RSS on a CPU,
 torch.cuda.max_memory_allocated on a GPU) and nothing is shared or cached between them:
-  train.py grpo, train.py d3s  train.train() at the real-model defaults (--generation prefix),
+  train.py grpo, train.py d3s  train.train() at the real-model defaults (--generation loop),
                                but one update per step (--updates_per_batch 1, TRL's default),
                                timed from log.jsonl: t_gen, t_fb (every forward and backward pass,
                                the no-grad one included) and t_upd (everything after generation)
-  train.py grpo (plain generate)
-                               the same with --generation plain: what the prefix cache saves
+  train.py grpo (hf generate)  the same with --generation hf (transformers' generate): what the
+                               decode loop saves
   TRL GRPOTrainer              trl's GRPOTrainer, per_device_train_batch_size = P x G,
                                num_generations G, the same prompts and rewards, loss_type dapo,
                                beta 0, no gradient checkpointing; timed by wrapping model.generate,
@@ -48,7 +48,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-CONFIGS = ("train.py grpo", "train.py d3s", "train.py grpo (plain generate)", "TRL GRPOTrainer")
+CONFIGS = ("train.py grpo", "train.py d3s", "train.py grpo (hf generate)", "TRL GRPOTrainer")
 
 # -----------------------------------------------------------------------------
 # the model and the prompts every configuration shares
@@ -213,7 +213,7 @@ def worker(args):
         res = run_trl(args, folder)
     else:
         method = name.split()[1]
-        res = run_train(args, folder, method, "plain" if "plain" in name else "prefix")
+        res = run_train(args, folder, method, "hf" if "hf generate" in name else "loop")
     device = resolved_device(args.device)
     res.update(config=name, peak_gb=peak_memory(device), wall=time.time() - t0, device=device,
                threads=torch.get_num_threads())

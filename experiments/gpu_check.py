@@ -192,12 +192,12 @@ def generation_modes():
                       is not None), None)
         seen.append([str(layer.keys.dtype), str(layer.values.dtype)] if layer else None)
     hook = policy.get_decoder().register_forward_hook(record, with_kwargs=True)
-    for mode in rollout.CACHES:
+    for mode in ("loop", "hf"):
         seconds = []
         for call in range(2):  # the first pays warm-up (and static's compilation)
             t0 = time.time()
             with models.autocast(device, "auto"):
-                got = rollout.generate_groups(policy, tok, prompts, G, T, seed=call, cache=mode)
+                got = rollout.generate_groups(policy, tok, prompts, G, T, seed=call, engine=mode)
             if cuda:
                 torch.cuda.synchronize()
             seconds.append(time.time() - t0)

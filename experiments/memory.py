@@ -206,14 +206,15 @@ def measure_head(model, positions, chunk):
 
 
 def measure_generate(model, tokenizer, prompts, group_size, new_tokens):
-    """Step 1: rollout.generate_groups under autocast (cache "prefix", the default). -> the most it
-    allocates, and its KV cache at the end (read from the cache object generate filled)."""
+    """Step 1: rollout.generate_groups under autocast (the loop, the default). -> the most it
+    allocates, and its KV cache at the end (read from the static cache the loop filled)."""
     import torch
     import rollout
-    caches, prefill = [], rollout.prefill
+    from machinery import sampling
+    caches, static_cache = [], sampling._static_cache
 
     def keep_cache(*args):
-        caches.append(prefill(*args))
+        caches.append(static_cache(*args))
         return caches[-1]
 
     def step():
@@ -221,11 +222,11 @@ def measure_generate(model, tokenizer, prompts, group_size, new_tokens):
             rollout.generate_groups(model, tokenizer, prompts, group_size, new_tokens, seed=0,
                                     record_entropy=True)
 
-    rollout.prefill = keep_cache
+    sampling._static_cache = keep_cache
     try:
         memory, _ = timeline(step)
     finally:
-        rollout.prefill = prefill
+        sampling._static_cache = static_cache
     kv_tensors = [t for layer in caches[0].layers for t in (layer.keys, layer.values)]
     tokens = caches[0].layers[0].keys.shape[0] * caches[0].layers[0].keys.shape[2]  # rows x length
     return {"peak": peak(memory), "kv": sum(t.nbytes for t in kv_tensors), "kv_tokens": tokens,

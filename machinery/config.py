@@ -43,8 +43,8 @@ import threading
 from machinery import checkpoint
 import d3s
 from machinery import tiny
+from machinery.sampling import ENGINES
 from machinery.stops import Lossy
-from rollout import CACHES
 
 
 def pick(**values):
@@ -189,8 +189,8 @@ def check(cfg):
     must(cfg.beta >= 0, f"--beta must be >= 0, got {cfg.beta}")
     for name in ("clip_eps_low", "clip_eps_high"):
         must(0 <= getattr(cfg, name) < 1, f"--{name} must be in [0, 1), got {getattr(cfg, name)}")
-    must(cfg.generation in CACHES,
-         f"--generation must be one of {', '.join(CACHES)}, got {cfg.generation!r}")
+    must(cfg.generation in ENGINES,
+         f"--generation must be one of {', '.join(ENGINES)}, got {cfg.generation!r}")
     must(cfg.optimizer in ("adamw", "sgd"),
          f"--optimizer must be adamw or sgd, got {cfg.optimizer!r}")
     must(cfg.dtype in ("auto", "float32", "bfloat16", "float16"),

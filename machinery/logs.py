@@ -47,6 +47,10 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "entropy": kept.entropy[valid].mean().item() if valid.any() else None,  # none kept
         "length": rollouts.lengths.float().mean().item(),
         "truncated": rollouts.truncated.float().mean().item(),
+        # the longest row's tax: the share of decoded row-positions (rows x decode steps) that came
+        # after their row had stopped (None: a Rollouts that does not say what it decoded)
+        "pad_share": (1 - int(rollouts.completion_mask.sum()) / rollouts.decoded
+                      if rollouts.decoded else None),
         "no_answer": reward_stats["no_answer"], "hedge": reward_stats["hedge"],  # both score 0
         "loss": sum(u["loss"] for u in updates) / len(updates) if updates else 0.0,
         "losses": [u["loss"] for u in updates], "updates": len(applied),

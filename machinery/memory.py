@@ -42,8 +42,11 @@ KNOBS = ("micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkp
 # [ours] The smallest log-prob chunk an out-of-memory halving goes to (below it the chunk's
 # (chunk, V) tensors are a few MB; the next lever is gradient checkpointing), and those auto tries.
 MIN_CHUNK, AUTO_CHUNKS = 16, (4096, 2048, 1024, 512, 256)
-EVAL_ROWS = 256  # rows of train.py's held-out generate calls at --gen_batch_size 0
+EVAL_ROWS = 256  # rows of train.py's held-out generation calls at --gen_batch_size 0
 LORA_TARGETS = 7  # adapters per layer: q, k, v, o, gate, up, down (the LoRA knob's interface)
+# The loop's static KV cache on a GPU: prompt widths rounded up to BUCKET columns, and KV_HELD
+# cache kept between calls for CUDA graphs' fixed addresses (machinery/sampling.py's BUCKET)
+BUCKET, KV_HELD = 64, 1
 
 
 def shape_of(config):
@@ -126,8 +129,7 @@ class Job:
     new_tokens: int = 512      # max_new_tokens: every rollout cut there, the worst case
     rollouts: int = 256        # B = P x G sampled per step
     group_size: int = 8        # G
-    eval_size: int = 500       # held-out prompts (a generate call holds at most EVAL_ROWS)
-    prefix: bool = True        # --generation prefix: a generate call holds whole groups
+    eval_size: int = 500       # held-out prompts (a generation call holds at most EVAL_ROWS)
     one_update: bool = False   # K = 1 (or M at least the fewest kept) is possible
     kept_min: int = 64         # the fewest rollouts a step keeps (sample selection)
     token_share: float = 1.0   # the largest share of its tokens an update trains (rho_t)
@@ -137,6 +139,8 @@ class Job:
     weight_bytes: int = 4      # the weights (float32 masters), or the frozen base's under LoRA
     autocast: bool = True      # forward passes under 2-byte autocast (bf16, or float16 on a T4)
     moments: int = 2           # AdamW's two (SGD's momentum: one)
+    kv_held: int = 1           # --generation loop: the static KV cache its compiled step keeps
+                               # between calls (machinery/sampling.py; hf: 0)
 
 
 def job_of(cfg, prompt_len):
@@ -150,21 +154,19 @@ def job_of(cfg, prompt_len):
     lora = getattr(cfg, "lora_rank", 0)
     return Job(prompt_len=prompt_len, new_tokens=cfg.max_new_tokens, rollouts=B,
                group_size=cfg.group_size, eval_size=cfg.eval_size,
-               prefix=cfg.generation == "prefix", one_update=K == 1 or kept_min <= M,
+               one_update=K == 1 or kept_min <= M,
                kept_min=kept_min, token_share=max(cfg.t_init, cfg.t_final),
                gspo_share=(1 - min(cfg.t_init, cfg.t_final)) * (cfg.loss == "gspo" and off_policy),
                reference=cfg.beta > 0, lora_rank=lora,
                weight_bytes=2 if lora or cfg.dtype == "bfloat16" else 4,
                autocast=cfg.dtype in ("auto", "float16"),
-               moments=2 if cfg.optimizer == "adamw" else 1)
+               moments=2 if cfg.optimizer == "adamw" else 1,
+               kv_held=KV_HELD if cfg.generation == "loop" else 0)
 
 
 def generation_rows(gen_batch_size, job):
-    """Rows of the largest generate call: step 1's (whole groups with the prefix cache) or the
-    held-out evaluation's (greedy, plain)."""
-    G, rows = job.group_size, min(gen_batch_size or job.rollouts, job.rollouts)
-    if job.prefix and G > 1:
-        rows = max(G, rows // G * G)
+    """Rows of the largest generation call: step 1's or the held-out evaluation's."""
+    rows = min(gen_batch_size or job.rollouts, job.rollouts)
     return max(rows, min(gen_batch_size or EVAL_ROWS, job.eval_size))
 
 
@@ -172,9 +174,11 @@ def predict(s, settings, job=Job(), m=MEASURED):
     """Peak bytes of each phase of a train.py step for model shape s, the KNOBS `settings` and the
     job, from the measured coefficients m.
       generate  step 1 and the held-out evaluation: weights and moments, autocast's bf16 copies (the
-                lm_head's too: generate's own head runs under autocast), then the larger of a
+                lm_head's too: the decode's head runs under autocast), then the larger of a
                 prefill of generation_rows prompts and the full KV cache of as many rows of
-                prompt_len + new_tokens with each row's decode step (logits and sampler)
+                prompt_len + new_tokens (the loop's: its width bucketed) with each row's decode
+                step (logits and sampler: the coefficient measured with generate's, a bound for
+                the loop's); with the loop, the job's kv_held caches stay held for every phase
       no_grad   step 5 (logp_old and the entropy): the decoder's transient, then one head chunk with
                 the entropy of every completion token
       update    step 7 on a micro-batch after the first of its mini-batch (the gradients exist). On
@@ -206,9 +210,12 @@ def predict(s, settings, job=Job(), m=MEASURED):
     base = weights + ref + copies
 
     rows = generation_rows(gen, job)
+    cache = rows * (-(-job.prompt_len // BUCKET) * BUCKET + T) * kv  # a static KV cache, bucketed
     prefill = rows * job.prompt_len * (m["no_grad_decoder"] * act + kv)
-    decode = rows * (L * kv + m["decode_per_row"] * V)
-    generate = base + 2 * V * H * (job.autocast and wb == 4 and not lora) + max(prefill, decode)
+    decode = max(cache, rows * L * kv) + rows * m["decode_per_row"] * V
+    generate = (base + 2 * V * H * (job.autocast and wb == 4 and not lora) + max(prefill, decode)
+                + max(0, job.kv_held - 1) * cache)  # the other caches kept
+    base += job.kv_held * cache  # kept through the rest of the step
 
     def positions(share):  # a micro-batch's completion tokens that a head pass takes, chunked
         return min(chunk, math.ceil(share * n * T))
@@ -253,10 +260,8 @@ def candidates(job, ceiling=16):
     """Each knob's values, the most preferred first. [ours] In this order of preference: no gradient
     checkpointing (it runs every layer's forward twice), then the largest micro-batch (up to the
     config block's CPU value: auto only lowers), then the largest lm_head chunk (it barely changes
-    the time), then the largest generate call (0: all rollouts at once; whole groups)."""
-    G = job.group_size
-    gens = [0] + [g for g in halvings(job.rollouts // 2, G if job.prefix else 1)
-                  if not job.prefix or g % G == 0]
+    the time), then the largest generation call (0: all rollouts at once)."""
+    gens = [0] + halvings(job.rollouts // 2, 1)
     return {"gradient_checkpointing": [False, True], "micro_batch_size": halvings(ceiling, 1),
             "logprob_chunk": list(AUTO_CHUNKS), "gen_batch_size": gens}
 
@@ -348,22 +353,16 @@ def is_out_of_memory(error):
         isinstance(error, RuntimeError) and any(s in str(error) for s in ALLOC_FAILED))
 
 
-def halve(kind, settings, rows, positions=0, group_size=1):
+def halve(kind, settings, rows, positions=0):
     """{knob: new value} that an out-of-memory error in a pass of `kind` lowers next, or {} when
-    nothing that bears on it is left. rows: the largest generate call or micro-batch of the pass;
-    positions: its largest micro-batch's completion positions; settings: KNOBS and "generation".
-      generation   --gen_batch_size in whole groups (the prefix cache holds one group a call at
-                   least), then below one group --generation plain, which has no group rule
-      evaluation   --gen_batch_size
+    nothing that bears on it is left. rows: the largest generation call or micro-batch of the pass;
+    positions: its largest micro-batch's completion positions; settings: KNOBS (a generation pass
+    reads none: eval.py passes only its gen_batch_size).
+      generation,  --gen_batch_size, down to 1 (the loop prefills each prompt of a call once,
+      evaluation   whole groups or not)
       no_grad      --micro_batch_size to 1, then --logprob_chunk to MIN_CHUNK
       update       the same, then --gradient_checkpointing true"""
-    G = group_size
     if kind in ("generation", "evaluation"):
-        if kind == "generation" and settings["generation"] == "prefix" and G > 1:
-            if max(G, rows // G * G) > G:  # what a call holds: whole groups
-                return {"gen_batch_size": max(G, rows // G * G // 2 // G * G)}
-            return {"generation": "plain", "gen_batch_size": min(G // 2, settings["gen_batch_size"]
-                                                                 or G)}
         return {"gen_batch_size": rows // 2} if rows > 1 else {}
     chunk = min(settings["logprob_chunk"], positions or settings["logprob_chunk"])
     if rows > 1:

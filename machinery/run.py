@@ -45,7 +45,6 @@ from machinery.logs import NO_SIGNAL, start_wandb, step_line
 from machinery.model import resolve_device
 from machinery.sampling import NonFiniteLogits
 from machinery.stops import Stop
-from rollout import Piece
 
 
 class Stopped(Exception):
@@ -229,13 +228,13 @@ class Run:
     def fit(self, kind, fn, split=None):
         """fn() in the memory there is, for a pass of `kind` (PASSES), fn reading its settings from
         cfg at each call. Out of memory (memory.is_out_of_memory: torch's error, or a CUDA
-        library's failed allocation) lowers, in cfg, what bears on that pass (memory.halve: whole
-        groups of generation, then the plain cache; the micro-batch, then the log-prob chunk, then
+        library's failed allocation) lowers, in cfg, what bears on that pass (memory.halve: the
+        rows of a generation call; the micro-batch, then the log-prob chunk, then
         gradient checkpointing), so every later pass uses it too: `split`, the step's mini-batches,
         is re-split in place at a new micro-batch size. One line says so, config.json and
         resumes.jsonl record it once (a resume keeps it), gradients are zeroed and fn runs again.
         Nothing computed changes (beyond float rounding): the sampler draws the same samples at any
-        batch size and cache, and no weight moves within a pass. With nothing left to lower, the
+        batch size and engine, and no weight moves within a pass. With nothing left to lower, the
         stop's line says what would help (out_of_memory). Before and after, a signal stops a step
         whose weights have not moved."""
         self._check()
@@ -261,7 +260,7 @@ class Run:
                     kind, max((len(p.rows) for p in pieces), default=1))
         positions = max((len(p.rows) * p.width for p in pieces), default=0)
         now = {k: getattr(cfg, k) for k in memory.KNOBS + ("generation",)}
-        lower = {k: v for k, v in memory.halve(kind, now, rows, positions, G).items()
+        lower = {k: v for k, v in memory.halve(kind, now, rows, positions).items()
                  if v != now[k]}
         if not lower:  # the stop's line (__exit__) says what would help
             self.oom_pass = kind
@@ -277,8 +276,9 @@ class Run:
             self.model.activation_checkpointing_enable()  # as train.py turns it on
         size = lower.get("micro_batch_size")
         for mb in (split or []) if size else []:  # in place: the caller's lists go on
-            mb[:] = [Piece(p.rows[i:i + size], p.input_ids[i:i + size],
-                           p.attention_mask[i:i + size], p.start, p.width)
+            mb[:] = [dataclasses.replace(p, rows=p.rows[i:i + size], hidden=None,
+                                         input_ids=p.input_ids[i:i + size],
+                                         attention_mask=p.attention_mask[i:i + size])
                      for p in mb for i in range(0, len(p.rows), size)]
 
     def _check(self):

@@ -1,56 +1,59 @@
 """
-The sampling machinery beneath rollout.generate_groups: the sampler that draws every token from
-exactly softmax(logits / T) with counter-based random numbers, the blank generation configuration
-`generate` runs with, the shared-prefix KV cache, the rotary hooks that keep that cache in the
-autocast dtype, the left-padded prompts, and the checks of generate_groups' arguments. rollout.py
-reads as the algorithm; this file is why its samples are the policy's and the same however they
-are batched.
+The sampling machinery beneath rollout.py's decode loop (step 1): the random numbers, the sampler
+that both engines share, the loop's static KV cache with each prompt prefilled once and its
+one-token step (compiled on a GPU), and transformers' `generate`, kept as the reference engine that
+the loop is tested against. rollout.py reads as the algorithm; this file is why its samples are the
+policy's, the same however they are batched, and fast.
 
 [ours] Sampling is exactly softmax(logits / T), whatever the checkpoint's generation_config.json
-says. Sampler draws the tokens, and `generate` runs with a configuration built here that holds only
-what rollouts need (the token budget, the stop and pad ids, greedy or not, the cache). transformers
-fills every field we leave unset from model.generation_config
-(GenerationMixin._prepare_generation_config), so while generating (generation_mode),
-model.generation_config is a blank GenerationConfig: nothing of the checkpoint's (Qwen2.5 instruct
-ships top_k=20 and repetition_penalty=1.05; others suppress tokens, force an EOS at the last
-position, set a min_length, a max_time, stop strings, beams...) can reach the logits or the stopping
-rule. Only transformers' library defaults remain, and with do_sample=False none of them builds a
-logits processor (a test checks the exact processor list generate builds). This matters because the
-policy gradient scores the samples with softmax(logits / T) alone (rollout.head_logprobs): a
-different sampler would make the rollouts off-policy without saying so, and a forced EOS would put a
-token the policy never sampled into the loss and hide a truncation. Greedy decoding (temperature 0)
-runs with the same blank configuration: argmax of the raw logits. eval.py's top_p < 1 uses
+says. The loop calls the decoder and the lm_head itself, so nothing of a checkpoint's configuration
+can reach it. `generate` (the hf engine) runs from a configuration built here that holds only what
+rollouts need (the token budget, the stop and pad ids, greedy or not); transformers fills every
+field we leave unset from model.generation_config (GenerationMixin._prepare_generation_config), so
+while generating (generation_mode), model.generation_config is a blank GenerationConfig: nothing of
+the checkpoint's (Qwen2.5 instruct ships top_k=20 and repetition_penalty=1.05; others suppress
+tokens, force an EOS at the last position, set a min_length, a max_time, stop strings, beams...) can
+reach the logits or the stopping rule (a test checks the exact processor list generate builds).
+This matters because the policy gradient scores the samples with softmax(logits / T) alone
+(rollout.head_logprobs): a different sampler would make the rollouts off-policy without saying so,
+and a forced EOS would put a token the policy never sampled into the loss and hide a truncation.
+Greedy decoding (temperature 0) is the argmax of the raw logits. eval.py's top_p < 1 uses
 generate's own sampler with our temperature and top_p and nothing else (top_k=0: transformers' own
 default is 50).
 
-[ours] The random numbers are a pure function of (seed, row, position): Sampler's uniform for row r
-of the call (counted over all its rows, group by group) at decode position t is a counter-based hash
+[ours] The random numbers are a pure function of (seed, row, position): the uniform of row r of the
+call (counted over all its rows, group by group) at decode position t is a counter-based hash
 (splitmix64) of (seed, r, t), computed on the model's device for all rows at once. So the random
-numbers are the same whatever batch_size splits the rows into generate calls, whatever the cache
-mode, and whatever else draws random numbers in between; seed=None draws one seed from torch's
-global generator per call, so torch.manual_seed still makes a run reproducible. The samples are then
-the same bit for bit on a CPU in float32 (the tests compare them exactly): batch_size and the cache
-mode change only the floating-point rounding of the forward (a batch of another shape may sum in
-another order), which moves the recorded entropy by a few float32 ulps (at most 2.6e-6 on the tiny
-test model) and would flip a token only if a uniform fell within that rounding of a step of the
-cumulative distribution. On a GPU under bf16 autocast the logits themselves change with the batch's
-shape and the cache mode (bf16 matmuls and attention pick other kernels and summation orders, with
-an 8-bit mantissa), so a token can flip now and then, and the rest of that rollout with it.
+numbers are the same whatever batch_size splits the rows into calls, whatever the engine, and
+whatever else draws random numbers in between; seed=None draws one seed from torch's global
+generator per call, so torch.manual_seed still makes a run reproducible. The samples are then the
+same bit for bit on a CPU in float32 (the tests compare them exactly): the batch and the engine
+change only the floating-point rounding of the forward (a batch of another shape, or a cache of
+another length, may sum in another order), which moves the recorded entropy by a few float32 ulps
+and would flip a token only if a uniform fell within that rounding of a step of the cumulative
+distribution. On a GPU under bf16 autocast the logits themselves change with the batch's shape and
+the engine (bf16 matmuls and attention pick other kernels and summation orders, with an 8-bit
+mantissa), so a token can flip now and then, and the rest of that rollout with it.
 
-[ours] generate_groups(record_entropy=True) also records, at every decode step, the entropy of the
-distribution it samples from, softmax(logits / T) over the full vocabulary (Sampler): the step line
-logs it (token selection takes the entropy of a training forward instead: step 5 of train.py, so
-that its arithmetic never changes with the memory knobs). The cached decode computes the same
-function as the training forward in another order of floating-point operations; on the tiny model
-the two entropies differ by at most 2.4e-6 in float32 (tests/test_updates.py measures it). Under
-bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16, and its logits
-come from generate's own lm_head, in bf16, where head_logprobs runs the head in float32.
+[ours] The sampler (sample) records, at every decode step, the entropy of the distribution it
+samples from, softmax(logits / T) over the full vocabulary: the step line logs it (token selection
+takes the entropy of a training forward instead: step 5 of train.py, so that its arithmetic never
+changes with the memory knobs). The cached decode computes the same function as the training
+forward in another order of floating-point operations (tests/test_updates.py bounds the gap in
+float32). Under bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16,
+and so does its lm_head, where head_logprobs runs the head in float32.
 """
 import math
+import sys
+import time
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessor
+import torch.nn.functional as F
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList,
+                          StaticCache, StoppingCriteriaList)
+
+ENGINES = ("loop", "hf")  # --generation: rollout.py's decode loop, transformers' generate
 
 # -----------------------------------------------------------------------------
 # random numbers: one uniform per (seed, row, decode position)
@@ -86,7 +89,7 @@ def splitmix64(x):
 
 def row_keys(seed, rows):
     """(b,) int64: the key of each row in rows (b,) long, hashed from (seed, row): the start of the
-    row's splitmix64 stream. Sampler builds these once per generate call."""
+    row's splitmix64 stream, built once per call of either engine."""
     # a copy to the device
     seed = splitmix64(torch.tensor(_int64(seed), dtype=torch.long, device=rows.device))
     return splitmix64(seed + rows * GOLDEN)
@@ -94,9 +97,10 @@ def row_keys(seed, rows):
 
 def stream_uniforms(keys, t):
     """(b,) float64 in [0, 1): the t-th number of each row's stream (keys from row_keys), with
-    53 random bits, as many as a float64 holds. Python ints only besides keys: no copy to the
-    device."""
-    bits = splitmix64(keys + _int64((t + 1) * GOLDEN))  # (b,) the row's stream at position t
+    53 random bits, as many as a float64 holds. t: a Python int (no copy to the device) or an int64
+    tensor (the compiled step's, so that a new t is no new graph), which wraps the same way."""
+    step = _int64((t + 1) * GOLDEN) if isinstance(t, int) else (t + 1) * GOLDEN
+    bits = splitmix64(keys + step)  # (b,) the row's stream at position t
     return _shr(bits, 11).double() * 2.0 ** -53  # top 53 bits: an exact float64, never 1.0
 
 
@@ -112,89 +116,302 @@ def draw_seed():
     return int(torch.randint(2 ** 63 - 1, ()))
 
 
+def draw_seed():
+    """A seed drawn from torch's global generator (CPU): torch.manual_seed makes it reproducible."""
+    return int(torch.randint(2 ** 63 - 1, ()))
+
+
 # -----------------------------------------------------------------------------
-# the sampler
+# the sampler, shared by both engines
+
+BLOCK = 128  # [ours] tokens per block of the two-level inverse CDF
+CHUNK_VALUES = 2 ** 20  # [ours] on a CPU, rows x V per pass: a chunk's float32 temporaries (4 MB)
+                        # stay in the cache, where the (256, 151,936) ones went to memory each time
+FLOOR = -200.0  # a -inf logit becomes this: exp() is 0 in float32 from -104 on, and 0 * FLOOR is
+                # 0 where 0 * -inf would be NaN in the entropy's sum
+
+
+def sample(logits, keys, t, temperature):
+    """Each row's next token, drawn from exactly softmax(logits / T), a pure function of the logits
+    (b, V) and (row key, t), which it overwrites (both engines own theirs: no copy of (b, V)): ->
+    token (b,) long, entropy (b,) float32 of that distribution, bad (b,) bool, True where the
+    logits hold a NaN or +inf or are all -inf (no distribution: the token is then meaningless).
+    temperature 0 is the argmax (entropy 0, never bad).
+    [ours] The draw is an inverse CDF in two levels: a block of BLOCK tokens by the float64
+    cumulative sum of the block sums, then a token by the float64 cumulative sum within that block,
+    where one float64 cumulative sum over all V tokens cost most of a decode step on a CPU. The
+    uniform u of (key, t) picks the token whose cumulative mass first exceeds u times the total:
+    the same distribution, and a token may differ from a one-level search where u falls within a
+    float rounding of a block's edge. The entropy is log Z - E[z - max z], with z = logits / T and
+    Z = sum exp(z - max z): H = -sum p log p from one pass of exp."""
+    b, V = logits.shape
+    rows = max(1, CHUNK_VALUES // V) if logits.device.type == "cpu" else b
+    u = stream_uniforms(keys, t) if temperature > 0 else None
+    parts = [_draw(logits[s:s + rows].float(), None if u is None else u[s:s + rows], temperature)
+             for s in range(0, b, rows)]
+    return tuple(torch.cat(p) for p in zip(*parts))
+
+
+def _draw(z, u, temperature):
+    """sample on one chunk of rows: logits z (c, V) float32 (overwritten), uniforms u (c,)."""
+    c, V = z.shape
+    if temperature == 0:  # greedy
+        return z.argmax(dim=-1), z.new_zeros(c), torch.zeros(c, dtype=torch.bool, device=z.device)
+    d = z.sub_(z.amax(dim=-1, keepdim=True))  # (c, V) <= 0: NaN if a logit is NaN or +inf, or all
+    if temperature != 1:                      # are -inf
+        d.div_(temperature)
+    d = d.clamp_(min=FLOOR)  # NaN stays NaN
+    if V % BLOCK:
+        d = F.pad(d, (0, -V % BLOCK), value=FLOOR)  # (c, nb * BLOCK)
+    e = d.exp()  # (c, nb * BLOCK) exp(z - max z): the probabilities times Z
+    blocks = e.view(c, -1, BLOCK)  # (c, nb, BLOCK)
+    sums = blocks.sum(dim=-1)  # (c, nb) float32
+    total = sums.sum(dim=-1)  # (c,) Z
+    entropy = total.log() - d.mul_(e).sum(dim=-1) / total  # (c,) log Z - E[z - max z]
+    mass = F.pad(sums.double().cumsum(dim=-1), (1, 0))  # (c, nb + 1) the mass before block j
+    target = u * mass[:, -1]  # (c,) in [0, Z): u never reaches 1
+    j = torch.searchsorted(mass[:, 1:].contiguous(), target[:, None], side="right")
+    j = j.clamp_(max=blocks.shape[1] - 1)  # (c, 1) the block whose mass first exceeds the target
+    lo, hi = mass.gather(1, j), mass.gather(1, j + 1)  # (c, 1)
+    w = ((target[:, None] - lo) / (hi - lo)).clamp_(0, 1 - 2 ** -53)  # (c, 1) where in that block
+    inner = blocks.gather(1, j[:, :, None].expand(c, 1, BLOCK))[:, 0].double().cumsum(dim=-1)
+    last = inner[:, -1:].contiguous()  # (c, 1) the block's mass, in its own rounding
+    k = torch.minimum(torch.searchsorted(inner, w * last, side="right"),  # never past the block's
+                      torch.searchsorted(inner, last, side="left"))  # last token of p > 0
+    token = (j * BLOCK + k)[:, 0].clamp_(max=V - 1)  # (c,)
+    return token, entropy, ~torch.isfinite(total)
+
+
+def head_logits(model, hidden, out=None):
+    """The logits (b, V) of the last hidden states (b, H), by the model's lm_head: under autocast in
+    its dtype, as generate's own head; without it, on a CPU, into `out` (the loop's buffer), since
+    there a fresh (b, V) tensor costs as much in page faults as the matmul itself."""
+    head = model.get_output_embeddings()
+    if out is None or torch.is_autocast_enabled(hidden.device.type) or head.bias is not None:
+        return head(hidden)
+    return torch.mm(hidden, head.weight.t(), out=out)
+
 
 class NonFiniteLogits(RuntimeError):
     """The model produced NaN or inf logits while sampling: its weights have most likely
     diverged."""
 
 
+def first_bad(first, bad, t):
+    """(b,) long: each row's first decode position with no distribution (sample's bad), -1 if none
+    yet; updated on the device, read once after the call (check_finite)."""
+    return torch.where(bad & (first < 0), t, first)
+
+
+def check_finite(first, first_row):
+    """Raise NonFiniteLogits if a row had NaN or inf logits at some decode step (first: first_bad's
+    marks of the rows first_row, first_row + 1, ...): one read from the device, after the call."""
+    bad = [(t, first_row + i) for i, t in enumerate(first.tolist()) if t >= 0]
+    if bad:
+        t, row = min(bad)
+        raise NonFiniteLogits(
+            f"the model produced NaN or inf logits while sampling (in {len(bad)} of "
+            f"{len(first)} rows; first at decode position {t} of row {row}): its weights have "
+            f"probably diverged")
+
+
+# -----------------------------------------------------------------------------
+# the loop's model side: a static KV cache, each prompt prefilled once, one token at a time
+
+# How the decode step is compiled: "auto" on a GPU only (torch.compile with CUDA graphs, as
+# gpt-fast), "off" never, or a torch.compile backend ("eager", "aot_eager") on any device: the tests
+# trace it on a CPU. [ours] Nothing is compiled on a CPU by default: with "inductor" there, the step
+# of experiments/bench_decode.py's real world took 200 s to compile and decoded 2.5x slower
+# (experiments/speed.md).
+COMPILE = "auto"
+BUCKET = 64  # [ours] compiled: prompt widths rounded up to a multiple of this, and never below the
+             # kept cache's, so a run compiles a few times, not once per width (more left
+             # padding: harmless, by the mask)
+SYNC_EVERY = 32  # on a GPU, decode steps between the loop's "all stopped?" checks (a host sync)
+# [ours] compiled: the one static cache kept between calls (CUDA graphs replay on fixed addresses,
+# so a call of its rows and budget reuses it, reset, rather than a new one each time); another
+# shape replaces it. machinery/memory.py counts it in every phase of a step.
+_kept, _compiled, _failed = {}, {}, []
+STATS = {"compiles": 0}  # graphs compiled for the decode step (compiles()), this process
+
+
+def compiles():
+    """How many graphs the decode step has compiled in this process: one per (rows, width bucket,
+    temperature, autocast) seen, and a recompile would show here (gpu_check counts them)."""
+    return STATS["compiles"]
+
+
+def _graphs():
+    """torch's count of the graphs dynamo has compiled in this process."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class DecodeStep:
+    """The loop's model side. Built with the prompts (n, P), each prefilled once (the decoder body,
+    no lm_head) into a static KV cache of the rows (prompt_of (b,): each row's prompt) of length
+    P + max_new_tokens. first: (token, entropy, bad) at t = 0, drawn from each prompt's last hidden
+    state. Then self(token, t): the token of every row at position t - 1 through the cache, the
+    next drawn (the decoder, the lm_head and the sampler: one graph on a GPU)."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, temperature,
+                 keys):
+        device = prompt_ids.device
+        self.backend = COMPILE if COMPILE not in ("auto", "off") else (
+            "reduce-overhead" if COMPILE == "auto" and device.type == "cuda" else None)
+        if _failed:
+            self.backend = None
+        if self.backend:  # a bounded number of widths, one compile each
+            kept = _kept.get((id(model), len(prompt_of), max_new_tokens, device))
+            width = max(-(-prompt_ids.shape[1] // BUCKET) * BUCKET,
+                        kept.layers[0].max_cache_len - max_new_tokens if kept else 0)
+            pad = width - prompt_ids.shape[1]
+            prompt_ids, prompt_mask = F.pad(prompt_ids, (pad, 0)), F.pad(prompt_mask, (pad, 0))
+        self.model, self.temperature, self.keys = model, temperature, keys
+        # t as a tensor, so that a new t is no new graph; filled in place (no copy from the host)
+        self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.sync_every = 1 if device.type == "cpu" else SYNC_EVERY  # a CPU's sync costs nothing
+        self.P, b = prompt_ids.shape[1], len(prompt_of)
+        positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (n, P) as generate derives them
+        kv = DynamicCache(config=model.config)
+        hidden = model.get_decoder()(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                     position_ids=positions, cache=kv, use_cache=True)
+        self.cache = _static_cache(model, kv, prompt_of, max_new_tokens, self.backend)
+        # (b, L): the padding; causality comes from the cache's length
+        self.mask = torch.cat([prompt_mask[prompt_of],
+                               prompt_mask.new_ones(b, max_new_tokens)], dim=1)
+        self.last = positions[prompt_of, -1]  # (b,) the last prompt token's position
+        # on a CPU, one (b, V) buffer for every step's logits
+        weight = model.get_output_embeddings().weight  # (V, H)
+        self.out = None if self.backend or device.type != "cpu" else torch.empty(
+            b, weight.shape[0], dtype=weight.dtype, device=device)
+        self.first = sample(head_logits(model, hidden.last_hidden_state[prompt_of, -1], self.out),
+                            keys, 0, temperature)
+
+    def __call__(self, token, t):
+        """(token, entropy, bad) at decode position t, from token (b,), drawn at t - 1."""
+        args = (self.model, self.cache, token, self.mask, self.last + t, self.keys,
+                self.t.fill_(t), self.temperature, self.out)
+        if not self.backend or _failed:
+            return _one_token(*args)
+        before, t0 = _graphs(), time.time()
+        try:
+            if token.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # outputs of the last replay are read
+            out = tuple(x.clone() for x in _compiled_step(self.backend)(*args))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the run goes on, eager
+            _failed.append(e)
+            print(f"decode step: compiling failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                  f"decoding on without compiling", file=sys.stderr, flush=True)
+            for layer in self.cache.layers:  # a failed call may have written its column
+                layer.cumulative_length.fill_(self.P + t - 1)
+            return _one_token(*args)
+        if _graphs() > before:
+            STATS["compiles"] += _graphs() - before
+            print(f"decode step: compiled for {token.shape[0]} rows x {self.mask.shape[1]} columns "
+                  f"in {time.time() - t0:.1f} s (once per width bucket of {BUCKET})",
+                  file=sys.stderr, flush=True)
+        return out
+
+
+def _one_token(model, cache, token, mask, positions, keys, t, temperature, out=None):
+    """The decode step: token (b,) at positions (b,) through the decoder and its cache, then the
+    lm_head and the sampler -> (token, entropy, bad) at decode position t."""
+    hidden = model.get_decoder()(input_ids=token[:, None], attention_mask=mask,
+                                 position_ids=positions[:, None], cache=cache, use_cache=True)
+    return sample(head_logits(model, hidden.last_hidden_state[:, -1], out), keys, t, temperature)
+
+
+def _compiled_step(backend):
+    """_one_token compiled whole (fullgraph: a graph break is an error), once per backend."""
+    if backend not in _compiled:
+        how = {"mode": backend} if backend == "reduce-overhead" else {"backend": backend}
+        _compiled[backend] = torch.compile(_one_token, fullgraph=True, **how)
+    return _compiled[backend]
+
+
+def _static_cache(model, kv, prompt_of, max_new_tokens, reuse):
+    """A StaticCache of len(prompt_of) rows and P + max_new_tokens columns holding the prefill kv
+    (P columns) of each row's prompt (every layer's keys and values in the prefill's dtype: under
+    autocast, the autocast dtype). reuse: a compiled step's, kept for the next call of its shape."""
+    keys = kv.layers[0].keys  # (n, kv_heads, P, head_dim)
+    b, P = len(prompt_of), keys.shape[2]
+    name = (id(model), b, max_new_tokens, keys.device)
+    cache = _kept.get(name) if reuse else None
+    shape = (b, keys.shape[1], P + max_new_tokens, keys.shape[3])
+    if cache is None or len(cache.layers) != len(kv.layers) or \
+            cache.layers[0].keys.shape != shape or cache.layers[0].keys.dtype != keys.dtype:
+        cache = StaticCache(config=model.config, max_cache_len=P + max_new_tokens)
+        cache.early_initialization(b, keys.shape[1], keys.shape[3], keys.dtype, keys.device)
+        _kept.clear()
+        if reuse:
+            _kept[name] = cache
+    else:
+        cache.reset()
+    for static, layer in zip(cache.layers, kv.layers):
+        static.keys[:, :, :P] = layer.keys[prompt_of]
+        static.values[:, :, :P] = layer.values[prompt_of]
+        static.cumulative_length.fill_(P)
+    return cache
+
+
+# -----------------------------------------------------------------------------
+# the reference engine: transformers' generate, with the same sampler
+
 class Sampler(LogitsProcessor):
-    """Draws every next token from exactly softmax(logits / T), the distribution step 5 scores the
-    samples with, and records that distribution's entropy H at every decode step.
-
-    generate then decodes greedily over what this returns: 0 at the drawn token, -inf elsewhere. It
-    runs with the blank configuration of generation_mode, so no processor of its own runs before
-    this one and the scores here are the raw logits. [ours] The draw is by inverse CDF: row i of
-    this generate call is row first_row + i of the whole batch, and at its t-th decode step it
-    compares uniforms(seed, first_row + i, t) against the float64 cumulative sum of its
-    probabilities. The same distribution as generate's own torch.multinomial, which on a CPU costs
-    35 ms per decode step over a 151,936-token vocabulary (it is bound by random-number generation),
-    against 4 ms here; and unlike a generator's stream, a row's numbers do not depend on which other
-    rows share the call.
-
-    Nothing here waits for the device: the rows' stream keys are built once, at the first decode
-    step, on the logits' device (later steps pass only Python ints), and a row whose logits hold a
-    NaN or +inf (or are all -inf) is not an error here but marked on the device, at its first such
-    position; check_finite() reads the marks once, after generate returns. Such a row has no
-    distribution (its log-softmax is NaN), and the token drawn for it is meaningless.
-    """
+    """sample() as generate's logits processor: it draws the token, records the entropy and marks
+    the rows with no distribution (check_finite() reads the marks once, after generate), and returns
+    0 at the drawn token and -inf elsewhere, over which generate then decodes greedily. It runs with
+    the blank configuration of generation_mode, so no processor of its own runs before this one and
+    the scores here are the raw logits. Row i of the call is row first_row + i of the whole batch;
+    its stream key is built at the first decode step, on the logits' device."""
 
     def __init__(self, temperature, seed, first_row=0):
         self.temperature, self.seed, self.first_row = temperature, seed, first_row
         self.t, self.entropy = 0, []  # decode steps so far; (b,) entropy of each
-        self.keys = None  # (b,) int64 each row's stream key (row_keys), built at the first step
-        # (b,) long: each row's first decode position with no distribution, or -1
-        self.first_nonfinite = None
+        self.keys = self.first_nonfinite = None  # (b,) int64 row_keys; (b,) long first_bad
 
     def __call__(self, input_ids, scores):
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (b, V)
-        p = logp.exp()
-        # (b,) -p log p, 0 where p = 0 (a -inf logit)
-        self.entropy.append(torch.special.entr(p).sum(dim=-1))
-        cdf = p.double().cumsum(dim=-1)  # (b, V) float64: no rounding drift over 151,936 terms
         if self.keys is None:  # once per generate call, on the logits' device
-            rows = torch.arange(self.first_row, self.first_row + p.shape[0],
-                                device=p.device)  # (b,)
-            self.keys = row_keys(self.seed, rows)
-            self.first_nonfinite = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
-        if self.keys.shape[0] != p.shape[0]:
-            raise RuntimeError(f"Sampler: {p.shape[0]} rows at decode step {self.t}, "
+            b, device = scores.shape[0], scores.device
+            self.keys = row_keys(self.seed, torch.arange(self.first_row, self.first_row + b,
+                                                         device=device))
+            self.first_nonfinite = torch.full((b,), -1, dtype=torch.long, device=device)
+        if self.keys.shape[0] != scores.shape[0]:
+            raise RuntimeError(f"Sampler: {scores.shape[0]} rows at decode step {self.t}, "
                                f"{self.keys.shape[0]} at the first: use one Sampler per generate "
                                f"call")
-        # A NaN or +inf logit (or none above -inf) makes the row's log-softmax, hence its total, NaN
-        bad = ~torch.isfinite(cdf[:, -1])  # (b,)
-        self.first_nonfinite = torch.where(bad & (self.first_nonfinite < 0), self.t,
-                                           self.first_nonfinite)
-        u = stream_uniforms(self.keys, self.t)[:, None] * cdf[:, -1:]  # (b, 1) in [0, total)
+        token, entropy, bad = sample(scores, self.keys, self.t, self.temperature)
+        self.entropy.append(entropy)
+        self.first_nonfinite = first_bad(self.first_nonfinite, bad, self.t)
         self.t += 1
-        # (b, 1); never a p = 0 token
-        token = torch.searchsorted(cdf, u, side="right").clamp(max=p.shape[-1] - 1)
-        return torch.full_like(scores, -math.inf).scatter_(-1, token, 0.0)
+        return scores.fill_(-math.inf).scatter_(-1, token[:, None], 0.0)
 
     def check_finite(self):
-        """Raise NonFiniteLogits if any row had NaN or inf logits at some decode step (one read from
-        the device, after generate)."""
-        if self.first_nonfinite is None:
-            return
-        first = self.first_nonfinite.tolist()
-        bad = [(t, self.first_row + i) for i, t in enumerate(first) if t >= 0]
-        if bad:
-            t, row = min(bad)
-            raise NonFiniteLogits(
-                f"the model produced NaN or inf logits while sampling (in {len(bad)} of "
-                f"{len(first)} rows; first at decode position {t} of row {row}): its weights have "
-                f"probably diverged")
+        if self.first_nonfinite is not None:
+            check_finite(self.first_nonfinite, self.first_row)
 
 
-# -----------------------------------------------------------------------------
-# what generate is told, and the model's state while it runs
+def hf_generate(model, prompt_ids, prompt_mask, max_new_tokens, stop_ids, pad_id, temperature,
+                top_p, seed, first_row, stop=None):
+    """The hf engine: transformers' generate on the rows (b, P), plain (every row prefilled on its
+    own, its dynamic cache), sampling with Sampler (temperature > 0, top_p = 1), greedy, or with its
+    own nucleus sampler (top_p < 1, from torch's generator). -> tokens (b, t), t <= max_new_tokens
+    (less when every row stopped), and the entropy (b, t) or None."""
+    sampler = Sampler(temperature, seed, first_row) if temperature > 0 and top_p == 1 else None
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
+                         generation_config=clean_generation_config(max_new_tokens, stop_ids,
+                                                                   pad_id, temperature, top_p),
+                         logits_processor=LogitsProcessorList([sampler] if sampler else []),
+                         stopping_criteria=StoppingCriteriaList([stop] if stop else []))
+    if sampler is None:
+        return out[:, prompt_ids.shape[1]:], None
+    sampler.check_finite()  # NaN or inf logits are an error, not samples
+    return out[:, prompt_ids.shape[1]:], torch.stack(sampler.entropy, dim=1)
 
-CACHES = ("prefix", "plain", "static")
 
-
-def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p, cache):
+def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p):
     """Everything `generate` is told, as a GenerationConfig. generation_mode blanks
     model.generation_config while generating (see the module docstring), so what is not set here is
     transformers' library default (GenerationConfig._get_default_generation_params), never the
@@ -206,9 +423,7 @@ def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p
     else:
         sampling = dict(do_sample=False)  # greedy; with our Sampler, greedy over its one-hot scores
     return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids),
-                            pad_token_id=pad_id,
-                            cache_implementation="static" if cache == "static" else None,
-                            **sampling)
+                            pad_token_id=pad_id, **sampling)
 
 
 @contextmanager
@@ -252,18 +467,6 @@ def _rotary_in_autocast_dtype(model, device):
             if type(m).__name__.endswith("RotaryEmbedding")]
 
 
-def prefill(model, prompt_ids, prompt_mask, group_size):
-    """The KV cache of every prompt but its last token, computed once per prompt (prompt_ids (n, P))
-    and repeated for its group_size rows: generate then runs only the last prompt token and the
-    decode. The decoder body alone: no lm_head over the prompt."""
-    kv = DynamicCache(config=model.config)
-    positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # as generate derives them
-    model.get_decoder()(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
-                        position_ids=positions[:, :-1], cache=kv, use_cache=True)
-    kv.batch_repeat_interleave(group_size)  # (n, ...) -> (n * group_size, ...), group by group
-    return kv
-
-
 # -----------------------------------------------------------------------------
 # generate_groups' prompts and arguments
 
@@ -287,7 +490,7 @@ def encode_left_padded(tokenizer, prompts, pad_id):
 
 
 def check_generate_args(model, tokenizer, prompts, group_size, max_new_tokens, temperature, top_p,
-                        batch_size, record_entropy, cache, seed, first_row, stop=None):
+                        batch_size, record_entropy, engine, seed, first_row, stop=None):
     """Raise ValueError on an argument of rollout.generate_groups that it cannot honour."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError(f"prompts={prompts!r} must be a non-empty list of strings")
@@ -302,8 +505,8 @@ def check_generate_args(model, tokenizer, prompts, group_size, max_new_tokens, t
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1 or None "
                          f"(all rows at once)")
-    if cache not in CACHES:
-        raise ValueError(f"cache={cache!r} must be one of {', '.join(CACHES)}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {', '.join(ENGINES)}")
     if record_entropy and not (temperature > 0 and top_p == 1):
         raise ValueError("record_entropy needs plain sampling (temperature > 0, top_p = 1): it "
                          "records the entropy of softmax(logits / T)")

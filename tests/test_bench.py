@@ -46,7 +46,7 @@ def fake_steps(steps, kept, tokens, t_gen, t_upd, zero_var=lambda i: 0.5, update
     return [{"step": i, "reward": 0.5, "zero_var": zero_var(i), "kept": kept, "rollouts": 128,
              "tokens": tokens, "fwd_bwd_tokens": 40 * kept, "valid": 2 * tokens,  # 40 a rollout
              "grad_norm": 1.0, "t_gen": t_gen,
-             "t_upd": t_upd, "nonfinite": 0, "updates": updates(i)}
+             "t_upd": t_upd, "nonfinite": 0, "updates": updates(i), "pad_share": 0.1 + 0.1 * (i % 2)}
             for i in range(steps)]
 
 
@@ -224,12 +224,14 @@ def test_aggregate_failures_and_no_grpo():
     assert cells["d3s"][4:6] == ["60.0", "+10.0"]
     assert cells["d3s"][-1] == "1/2; failed seed 1: RuntimeError: boom"
     assert cells["d2s"][4] == "failed" and cells["d2s"][-1] == "0/1; failed seed 0: ValueError: bad"
-    assert len(cells["d2s"]) == len(cells["d3s"]) == 18  # a failed row has every column
+    assert len(cells["d2s"]) == len(cells["d3s"]) == 19  # a failed row has every column
+    assert cells["d3s"][16] == "15.0"  # pad %: log.jsonl's pad_share, mean over the steps (.1, .2)
     # runs of before the zero-var column (no zero_var in their steps): "-", not a wrong number
     for step in results[0]["steps"]:
-        del step["zero_var"]
+        del step["zero_var"], step["pad_share"]
     rows, _ = bench.aggregate(results[:2], [("grpo", 1e-4, 1)])
     assert rows[0]["zero_var"] is None and table_rows(bench.format_table(rows))["grpo"][13] == "-"
+    assert rows[0]["pad"] is None and table_rows(bench.format_table(rows))["grpo"][16] == "-"
     # without grpo there is nothing to compare with
     rows, _ = bench.aggregate(results[2:3], [("d3s", 1e-4, 1)])
     assert rows[0]["final_diff"] is None and rows[0]["steps_to_grpo"] is None

@@ -94,6 +94,22 @@ def test_evaluate_greedy_equals_grading_by_hand(tiny_model):
     assert all(set(r) == FIELDS for r in res["records"])
 
 
+def test_evaluate_with_the_loop_equals_generate(tiny_model):
+    """eval.py's numbers do not depend on the engine: greedy pass@1 and sampled pass@k (n = 4,
+    batches that split a problem's samples) give the same records with rollout.py's decode loop
+    and with transformers' generate, on the CPU in float32."""
+    model, tokenizer = tiny_model
+    problems = tiny.problems("test", limit=24)
+    for kwargs in (dict(n=1, temperature=0.0, batch_size=64), dict(n=4, temperature=1.0, seed=2,
+                                                                   batch_size=6)):
+        got = {engine: evaluate(model, tokenizer, problems, max_new_tokens=BUDGET, engine=engine,
+                                **kwargs) for engine in ("loop", "hf")}
+        assert got["loop"]["records"] == got["hf"]["records"]
+        assert {k: v for k, v in got["loop"].items() if k not in ("records", "seconds")} == \
+            {k: v for k, v in got["hf"].items() if k not in ("records", "seconds")}
+        assert 0 < got["loop"]["accuracy"] < 1  # precondition: some right, some wrong
+
+
 def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
     model, tokenizer = tiny_model
     # different prompt lengths, so the longest-first order differs from the given one
@@ -110,8 +126,8 @@ def test_evaluate_keeps_problem_order_across_sorted_batches(tiny_model):
 
 
 def test_sampled_evaluate_is_reproducible_and_leaves_the_callers_rng_alone(tiny_model):
-    """A seed gives the same samples at any batch size (rollout.Sampler: 32 completions in one generate
-    call, or 12, three problems, per call) without touching torch's generator; seed=None follows
+    """A seed gives the same samples at any batch size (sampling.sample: 32 completions in one call, or
+    12, three problems, per call) without touching torch's generator; seed=None follows
     torch.manual_seed (one seed for the whole evaluation, so again any batch size); top_p < 1
     (generate's own sampler) reproduces from a forked generator state."""
     model, tokenizer = tiny_model

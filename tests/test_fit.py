@@ -63,27 +63,26 @@ def same_run(a, b):
 # ----------------------------------------------------------------------------- out of memory
 
 
-def test_generation_halves_whole_groups_then_switches_to_the_plain_cache(tmp_path, tiny_dir,
-                                                                         monkeypatch):
-    """A card that holds 2 rows of generation, under G = 4: with the prefix cache a generate call
-    holds a whole group, so 8 rollouts go to 4 (one group), then to the plain cache at 2 rows, and
-    the run finishes; each change is recorded once. (Halving the rows alone, 8 -> 4 -> 2 -> 1,
-    changes nothing a call holds, and the run stopped.)"""
+def test_generation_halves_its_rows_even_within_a_group(tmp_path, tiny_dir, monkeypatch):
+    """A card that holds 2 rows of generation, under G = 4: 8 rollouts a call go to 4 (one group),
+    then to 2 (half a group: the loop still prefills that prompt once), and the run finishes;
+    each change is recorded once, and the run computes what one given --gen_batch_size 2 (or the
+    hf engine) computes."""
     refused = memory_of(monkeypatch, lambda m, n: n > 2 and not torch.is_grad_enabled())
     lines, run_dir = run(tmp_path, "oom", tiny_dir, updates_per_batch=1)
     assert recorded(run_dir) == [
         {"step": 0, "changed": {"gen_batch_size": [0, 4]}, "why": "out of memory"},
-        {"step": 0, "changed": {"generation": ["prefix", "plain"], "gen_batch_size": [4, 2]},
-         "why": "out of memory"}]
-    assert refused == [8, 4]  # the decode step of 8 rows, then of one group; never again
-    assert "out of memory: --generation prefix -> plain, --gen_batch_size 4 -> 2, the pass " \
-           "redone (generation; nothing computed changes)" in lines
+        {"step": 0, "changed": {"gen_batch_size": [4, 2]}, "why": "out of memory"}]
+    assert refused == [8, 4]  # the decode step of 8 rows (its prefill: 2 prompts), then of 4
+    assert "out of memory: --gen_batch_size 4 -> 2, the pass redone (generation; nothing " \
+           "computed changes)" in lines
     saved = json.load(open(run_dir / "config.json"))
-    assert (saved["generation"], saved["gen_batch_size"]) == ("plain", 2)
+    assert (saved["generation"], saved["gen_batch_size"]) == ("loop", 2)
     monkeypatch.undo()
-    _, smaller = run(tmp_path, "smaller", tiny_dir, updates_per_batch=1, generation="plain",
-                     gen_batch_size=2)
-    same_run(run_dir, smaller)  # the sampler draws the same samples at any batch and cache
+    for name, engine in (("smaller", "loop"), ("hf", "hf")):
+        _, other = run(tmp_path, name, tiny_dir, updates_per_batch=1, generation=engine,
+                       gen_batch_size=2)
+        same_run(run_dir, other)  # the sampler draws the same samples at any batch and engine
 
 
 def test_a_lower_micro_batch_re_splits_every_later_mini_batch(tmp_path, tiny_dir, monkeypatch):
@@ -158,9 +157,8 @@ def test_the_held_out_evaluation_halves_through_run_fit_and_keeps_it(tmp_path, t
 
 def test_eval_py_lowers_its_batch_by_the_same_rule(tiny_dir, capsys):
     """eval.py keeps its own --batch_size and lowers it by memory.halve: 16 rows (two problems' 8
-    samples) on a card that holds 4 go to 8 (one group: the prefix cache holds a problem's samples
-    in one call), then to the plain cache at 4, with the same samples. (Halving the rows alone,
-    16 -> 8 -> 4 -> 2 -> 1, kept 8 rows a call and stopped.)"""
+    samples) on a card that holds 4 go to 8, then to 4 (half a problem's samples a call), with the
+    same samples."""
     from eval import evaluate
     model, tokenizer = train.load_model(tiny_dir, device="cpu")
     problems = load_problems("tiny", "test")[:3]
@@ -178,7 +176,7 @@ def test_eval_py_lowers_its_batch_by_the_same_rule(tiny_dir, capsys):
     assert got == want and refused == [16, 8]
     assert capsys.readouterr().err.splitlines() == [
         "eval: out of memory: --batch_size 16 -> 8, the batch redone",
-        "eval: out of memory: cache prefix -> plain, --batch_size 8 -> 4, the batch redone"]
+        "eval: out of memory: --batch_size 8 -> 4, the batch redone"]
 
 
 def test_fit_is_told_the_pass_and_never_hides_the_error(tmp_path, tiny_dir):
@@ -203,7 +201,7 @@ def test_fit_is_told_the_pass_and_never_hides_the_error(tmp_path, tiny_dir):
                 return generate_groups(model, tokenizer, prompts, 4, 8, 1.0, 1.0,
                                        run.cfg.gen_batch_size)
             out = run.fit("generation", lambda: generate())
-            assert asked == [0, 8, 4] and len(out.texts) == 16  # 16 rows -> 8 -> 4: whole groups
+            assert asked == [0, 8, 4] and len(out.texts) == 16  # 16 rows -> 8 -> 4
 
             def never():
                 raise torch.OutOfMemoryError("CUDA out of memory")
@@ -216,12 +214,12 @@ def test_the_stop_names_the_knob_that_would_help():
     """The out-of-memory stop: in a pass with nothing left to lower, what it ran at and what a new
     run would need (LoRA where the knob exists, a shorter max_new_tokens); outside the passes
     run.fit sizes, the knobs that change nothing computed, halved."""
-    cfg = config.resolve(train.Config(model="Qwen2.5-0.5B", generation="plain", gen_batch_size=1,
+    cfg = config.resolve(train.Config(model="Qwen2.5-0.5B", generation="hf", gen_batch_size=1,
                                       micro_batch_size=1, logprob_chunk=16, lora_rank=16,
                                       out_dir="out/d3s-Qwen2.5-0.5B",
                                       gradient_checkpointing=True, device="cpu"))
     line = out_of_memory(cfg, 3, 2, "generation")
-    assert line.startswith("out of memory at step 3 in generation, even at --generation plain "
+    assert line.startswith("out of memory at step 3 in generation, even at --generation hf "
                            "--gen_batch_size 1; the checkpoint holds the steps before 2 (--model "
                            "out/d3s-Qwen2.5-0.5B/checkpoint starts a new run from them); what "
                            "would help: a new run with ")

@@ -108,25 +108,35 @@ def test_the_choice_by_hand_on_a_24_gib_card():
     7.36 GiB and the bf16 copies 0.67 come first; 16 rollouts' activations alone are 19.23 GiB, so
     no micro-batch of 16 fits; 8 hold 9.61, and the head chunk (three (chunk, V) float32 tensors,
     6.96 GiB at 4096 positions) decides: D3S trains at most rho_t = 0.6 of the 8 x 512 positions,
-    2458, so 4.17 GiB at 4096 (21.8 in all), 3.48 at 2048 (21.1), 1.74 at 1024 (19.4), the first
-    that fits. With gradient checkpointing given, 16 fit."""
+    2458, so 4.17 GiB at 4096 (21.8 in all), 3.48 at 2048 (21.1), 1.74 at 1024 (19.4). On top, the
+    loop's static KV cache, kept between steps for CUDA graphs: 256 rows x (256 + 512) columns
+    (the prompt width bucketed to 64) x 12 KiB = 2.25 GiB (24.1, 23.4, 21.6: none fits), half of
+    it at 128 rows a call (1.12: 22.9, 22.2, 20.5), the first that fits. With gradient
+    checkpointing given, 16 fit; with --generation hf no cache is kept, and chunk 1024 fits."""
     job, GiB = counts.Job(token_share=0.6), counts.GiB
     parts = counts.predict(QWEN05, settings(16, 0, 4096, False), job)["parts"]
     assert round(parts["weights, gradients, moments"] / GiB, 2) == 7.36
     assert round(parts["bf16 copies"] / GiB, 2) == 0.67
     assert round(parts["activations"] / GiB, 2) == 19.23
-    peaks = {chunk: counts.predict(QWEN05, settings(8, 0, chunk, False), job)["update"] / GiB
-             for chunk in (4096, 2048, 1024)}
-    assert [round(p, 1) for p in peaks.values()] == [21.8, 21.1, 19.4]
+    assert 256 * (256 + 512) * counts.kv_bytes_per_token(QWEN05) == 2.25 * GiB
+    for gen, want in ((0, [24.1, 23.4, 21.6]), (128, [22.9, 22.2, 20.5])):
+        peaks = [counts.predict(QWEN05, settings(8, gen, chunk, False), job)["update"] / GiB
+                 for chunk in (4096, 2048, 1024)]
+        assert [round(p, 1) for p in peaks] == want
+    hf = counts.Job(token_share=0.6, kv_held=0)
+    assert [round(counts.predict(QWEN05, settings(8, 0, chunk, False), hf)["update"] / GiB, 1)
+            for chunk in (4096, 2048, 1024)] == [21.8, 21.1, 19.4]
+    assert {k: counts.choose(QWEN05, hf, 24 * GiB)[k] for k in KNOBS} == \
+        settings(8, 0, 1024, False)
     got = counts.choose(QWEN05, job, 24 * GiB)
-    assert {k: got[k] for k in KNOBS} == settings(8, 0, 1024, False)
-    assert round(got["predicted"]["peak"] / GiB, 1) == 19.4
+    assert {k: got[k] for k in KNOBS} == settings(8, 128, 1024, False)
+    assert round(got["predicted"]["peak"] / GiB, 1) == 20.5
     given = counts.choose(QWEN05, job, 24 * GiB, {"micro_batch_size": 16})
     assert {k: given[k] for k in KNOBS} == settings(16, 0, 4096, True)  # a number given wins
 
 
-@pytest.mark.parametrize("card, want", [(80, (16, 0, 4096, False)), (40, (16, 0, 4096, False)),
-                                        (16, (4, 0, 256, False))])
+@pytest.mark.parametrize("card, want", [(80, (16, 0, 4096, False)), (40, (16, 128, 4096, False)),
+                                        (16, (4, 16, 256, False))])
 def test_the_auto_settings_fit_within_90_percent_of_each_card(card, want):
     """experiments/speed.md's rows: the largest that fit, each predicted within 90% of the card."""
     got = counts.choose(QWEN05, counts.Job(), card * counts.GiB)
@@ -183,13 +193,11 @@ def test_what_each_method_adds():
 
 
 @pytest.mark.parametrize("kind, now, rows, positions, want", [
-    ("generation", dict(generation="prefix", gen_batch_size=0), 256, 0, {"gen_batch_size": 128}),
-    ("generation", dict(generation="prefix", gen_batch_size=24), 24, 0, {"gen_batch_size": 8}),
-    ("generation", dict(generation="prefix", gen_batch_size=12), 12, 0,  # 12 rows hold one group
-     {"generation": "plain", "gen_batch_size": 4}),
-    ("generation", dict(generation="plain", gen_batch_size=4), 4, 0, {"gen_batch_size": 2}),
-    ("generation", dict(generation="plain", gen_batch_size=1), 1, 0, {}),
-    ("evaluation", dict(generation="prefix", gen_batch_size=0), 256, 0, {"gen_batch_size": 128}),
+    ("generation", dict(gen_batch_size=0), 256, 0, {"gen_batch_size": 128}),
+    ("generation", dict(gen_batch_size=24), 24, 0, {"gen_batch_size": 12}),
+    ("generation", dict(gen_batch_size=12), 12, 0, {"gen_batch_size": 6}),  # within a group
+    ("generation", dict(gen_batch_size=1), 1, 0, {}),
+    ("evaluation", dict(gen_batch_size=0), 256, 0, {"gen_batch_size": 128}),
     ("update", dict(micro_batch_size=16, logprob_chunk=4096), 16, 8192, {"micro_batch_size": 8}),
     ("update", dict(micro_batch_size=1, logprob_chunk=4096), 1, 512, {"logprob_chunk": 256}),
     ("update", dict(micro_batch_size=1, logprob_chunk=16), 1, 512,
@@ -197,8 +205,9 @@ def test_what_each_method_adds():
     ("no_grad", dict(micro_batch_size=1, logprob_chunk=16), 1, 512, {}),
 ])
 def test_what_an_out_of_memory_pass_lowers_next(kind, now, rows, positions, want):
-    """By hand, G = 8: whole groups of generation, then the plain cache below one; the micro-batch,
-    then the chunk (from the positions a micro-batch asks for), then checkpointing."""
+    """By hand: the rows of a generation call, halved down to 1 (the loop prefills each prompt of
+    a call once, whole groups or not); the micro-batch, then the chunk (from the positions a
+    micro-batch asks for), then checkpointing."""
     full = {**dict(micro_batch_size=16, gen_batch_size=0, logprob_chunk=4096,
-                   gradient_checkpointing=False, generation="prefix"), **now}
-    assert counts.halve(kind, full, rows, positions, group_size=8) == want
+                   gradient_checkpointing=False), **now}
+    assert counts.halve(kind, full, rows, positions) == want

@@ -402,11 +402,11 @@ def test_a_lora_policy_samples_without_the_checkpoints_generation_config(tiny_di
         assert not torch.equal(dirty.generate(ids, max_new_tokens=12), base.generate(ids, max_new_tokens=12))
     policy = with_lora(dirty, 4, str(polluted))  # B = 0: the base's function
     prompts = [format_prompt(tokenizer, q) for q in ("1+1+1+1", "2+2+2+2")]
-    for cache in ("prefix", "plain"):
+    for engine in ("loop", "hf"):  # the loop reads only the EOS ids; hf blanks the configuration
         for temperature in (0.0, 1.0):
-            mine = generate_groups(policy, tokenizer, prompts, 2, 16, temperature, seed=3, cache=cache)
-            clean = generate_groups(base, tokenizer, prompts, 2, 16, temperature, seed=3, cache=cache)
-            assert torch.equal(mine.completion_ids, clean.completion_ids), (cache, temperature)
+            mine = generate_groups(policy, tokenizer, prompts, 2, 16, temperature, seed=3, engine=engine)
+            clean = generate_groups(base, tokenizer, prompts, 2, 16, temperature, seed=3, engine=engine)
+            assert torch.equal(mine.completion_ids, clean.completion_ids), (engine, temperature)
     assert policy.generation_config.repetition_penalty == 50.0  # restored afterwards
 
 

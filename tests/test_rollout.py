@@ -1,6 +1,7 @@
 """rollout.py and machinery/sampling.py on tiny real models: group layout, masks by position,
-stop ids, left padding, a checkpoint's generation_config that must change nothing, samples that
-do not depend on batching, the sampler's and the hash's distributions, and chunked log-probs /
+stop ids, left padding, a checkpoint's generation_config that must change nothing, the decode loop
+against transformers' generate bit for bit, its compiled step (traced on the CPU), samples that do
+not depend on batching, the sampler's and the hash's distributions, and chunked log-probs /
 entropies against the plain full-logits computation."""
 import copy
 import math
@@ -252,10 +253,10 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     """The guard against a checkpoint's knobs and against a future transformers that adds one:
     the exact logits processors and stopping criteria that `generate` builds, recorded from
     inside it (the real methods, called through). The checkpoint's own configuration builds 22
-    processors; generate_groups builds ours alone (the Sampler; none for greedy; temperature and
+    processors; the hf engine builds ours alone (the Sampler; none for greedy; temperature and
     top_p for nucleus sampling) and stops only at max_new_tokens or a stop id. A processor that a
     new transformers adds by default, or fills in from the checkpoint, lands in these lists and
-    fails this test."""
+    fails this test. The loop calls no generate at all, but for nucleus sampling."""
     _, loaded = checkpoint
     built = {"_get_logits_processor": [], "_get_stopping_criteria": []}
     for name, calls in built.items():
@@ -274,33 +275,37 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     nucleus = ["TemperatureLogitsWarper", "TopPLogitsWarper"]
     for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), []),
                          (dict(temperature=0.7, top_p=0.9), nucleus)):
-        for cache in sampling.CACHES:
-            rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, cache=cache, **kwargs)
+        for engine in sampling.ENGINES:
+            rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, engine=engine,
+                                    **kwargs)
             calls = built["_get_logits_processor"]
             # 8 rows, 4 per generate call
-            assert len(calls) == 2 and calls == [ours, ours], (kwargs, cache)
+            n = 0 if engine == "loop" and ours != nucleus else 2
+            assert calls == [ours] * n, (kwargs, engine)
             stopping = ["MaxLengthCriteria", "EosTokenCriteria"]
-            assert built["_get_stopping_criteria"] == [stopping] * 2
+            assert built["_get_stopping_criteria"] == [stopping] * n
             for c in built.values():
                 c.clear()
     assert loaded.generation_config.top_k == 1
     assert loaded.generation_config.forced_eos_token_id == tok.eos_token_id
 
 
-def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
+@pytest.mark.parametrize("engine", sampling.ENGINES)
+def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint, engine):
     """The same weights with and without every knob in generation_config.json: the same tokens,
     texts, masks, truncation flags and recorded entropies, for training's sampler, greedy
-    decoding and nucleus sampling. With the checkpoint's knobs, max_new_tokens 12 would end every
-    row in a forced EOS (no row truncated) and never repeat a token."""
+    decoding and nucleus sampling, with either engine. With the checkpoint's knobs, max_new_tokens
+    12 would end every row in a forced EOS (no row truncated) and never repeat a token."""
     clean, loaded = checkpoint
     sampled = rollout.generate_groups(clean, tok, PROMPTS, 3, 12, temperature=1.0, seed=3,
-                                      record_entropy=True)
+                                      record_entropy=True, engine=engine)
     assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 3, 12, temperature=1.0,
-                                                 seed=3, record_entropy=True), sampled)
+                                                 seed=3, record_entropy=True, engine=engine),
+                         sampled)
     assert sampled.truncated.any(), "precondition: some row runs out of tokens"
-    greedy = rollout.generate_groups(clean, tok, PROMPTS, 1, 12, temperature=0)
-    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 1, 12, temperature=0),
-                         greedy)
+    greedy = rollout.generate_groups(clean, tok, PROMPTS, 1, 12, temperature=0, engine=engine)
+    assert_same_rollouts(rollout.generate_groups(loaded, tok, PROMPTS, 1, 12, temperature=0,
+                                                 engine=engine), greedy)
     nucleus = []
     for m in (clean, loaded):  # generate's own sampler draws from torch's generator
         torch.manual_seed(4)
@@ -319,19 +324,22 @@ def test_checkpoint_generation_config_changes_no_sample(tok, checkpoint):
                 break
     manual = ids[0, len(encode_one(tok, prompt)):].tolist()
     assert len(set(manual)) < len(manual), "precondition: the greedy answer repeats a token"
-    alone = rollout.generate_groups(loaded, tok, [prompt], 1, 10, temperature=0)
+    alone = rollout.generate_groups(loaded, tok, [prompt], 1, 10, temperature=0, engine=engine)
     assert real_tokens(alone, 0) == manual
     # ~ greedy
-    cold = rollout.generate_groups(loaded, tok, [prompt], 2, 10, temperature=1e-4, seed=0)
+    cold = rollout.generate_groups(loaded, tok, [prompt], 2, 10, temperature=1e-4, seed=0,
+                                   engine=engine)
     assert real_tokens(cold, 0) == real_tokens(cold, 1) == manual
-    hot = rollout.generate_groups(loaded, tok, [prompt], 6, 10, temperature=1.0, seed=0)
+    hot = rollout.generate_groups(loaded, tok, [prompt], 6, 10, temperature=1.0, seed=0,
+                                  engine=engine)
     assert len({tuple(real_tokens(hot, i)) for i in range(6)}) > 1
 
 
 def test_bad_arguments(tok, model):
     for kwargs in (dict(prompts=[]), dict(prompts="Q:"), dict(group_size=0), dict(max_new_tokens=0),
                    dict(temperature=-1.0), dict(top_p=0.0), dict(batch_size=0), dict(seed="1"),
-                   dict(seed=True), dict(seed=1.0), dict(first_row=-1), dict(first_row=2.0)):
+                   dict(seed=True), dict(seed=1.0), dict(first_row=-1), dict(first_row=2.0),
+                   dict(engine="vllm")):
         args = dict(prompts=PROMPTS, group_size=2, max_new_tokens=4) | kwargs
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             rollout.generate_groups(model, tok, **args)
@@ -558,12 +566,12 @@ def test_qwen_completions_cut_at_either_stop_id(qwen_tok):
 
 # ----------------------------------------------------------------------------- the random numbers
 
-def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
-    """One seed, one set of samples: every batch_size and cache mode, with other random draws in
+def test_samples_do_not_depend_on_batching_engine_or_other_draws(tok, model):
+    """One seed, one set of samples: every batch_size and engine, with other random draws in
     between, gives the same tokens, texts, masks and truncation flags; the entropies agree to
-    float32 rounding (a batch of another shape may sum the forward in another order). A batch
-    split by hand over two calls (first_row) too. Another seed gives other samples; seed=None
-    follows torch.manual_seed."""
+    float32 rounding (a batch of another shape, or a cache of another length, may sum the forward
+    in another order). A batch split by hand over two calls (first_row) too. Another seed gives
+    other samples; seed=None follows torch.manual_seed."""
     args = (tok, PROMPTS, 3, 8)
     # a random model rarely stops: its commonest token does
     free = rollout.generate_groups(model, *args, seed=11)
@@ -571,11 +579,11 @@ def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
     model.generation_config.eos_token_id = [tok.eos_token_id, commonest]
     ref = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True)
     assert ref.truncated.any() and not ref.truncated.all(), "precondition: rows of several lengths"
-    for cache in sampling.CACHES:
+    for engine in sampling.ENGINES:
         for batch_size in (None, 1, 3, 8):
             torch.rand(5)  # someone else draws from torch's generator in between
             r = rollout.generate_groups(model, *args, temperature=1.0, seed=11, record_entropy=True,
-                                        cache=cache, batch_size=batch_size)
+                                        engine=engine, batch_size=batch_size)
             # entropies: at most 2.6e-6 apart on this model (a few float32 ulps of values near 2.5,
             # the logits summed in another order); another row's or another T's entropy is 1e-2 away
             # or more
@@ -599,8 +607,168 @@ def test_samples_do_not_depend_on_batching_cache_or_other_draws(tok, model):
     assert_same_rollouts(*drawn)
     torch.manual_seed(0)
     assert_same_rollouts(drawn[0], rollout.generate_groups(model, *args, seed=sampling.draw_seed()))
-    with pytest.raises(ValueError, match="cache='paged' must be one of prefix, plain, static"):
-        rollout.generate_groups(model, tok, PROMPTS, 2, 4, cache="paged")
+    with pytest.raises(ValueError, match="engine='paged' must be one of loop, hf"):
+        rollout.generate_groups(model, tok, PROMPTS, 2, 4, engine="paged")
+
+
+# ------------------------------------------------------------------ the decode loop against generate
+
+def test_the_loop_equals_generate_bit_for_bit(tok, model):
+    """rollout.decode against transformers' generate (the hf engine), on the CPU in float32: the
+    same tokens, masks, texts, truncation flags and decoded row-positions, sampled (T = 1 and 0.7)
+    and greedy, at every batch split, with prompts of different lengths, a pad id that is also a
+    stop id, a row that stops at its first token, and a budget of one token; the entropies to
+    float32 rounding (the loop's static cache and shared prefill sum in another order). On the CPU
+    the loop checks for "all stopped" every step, so it decodes exactly the longest row of each
+    call, as generate does."""
+    free = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, engine="hf")
+    first = int(free.completion_ids[0, 0])  # row 0's first token: a stop id below
+    commonest = int(free.completion_ids.flatten().mode().values)  # so that rows stop
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.pad_token_id, first, commonest]
+    for N in (8, 1):
+        for temperature, G in ((1.0, 3), (0.7, 3), (0.0, 1)):
+            for batch_size in (None, 1, 3):
+                kwargs = dict(temperature=temperature, batch_size=batch_size,
+                              seed=11 if temperature else None, record_entropy=temperature > 0)
+                loop = rollout.generate_groups(model, tok, PROMPTS, G, N, engine="loop", **kwargs)
+                hf = rollout.generate_groups(model, tok, PROMPTS, G, N, engine="hf", **kwargs)
+                assert_same_rollouts(loop, hf, entropy_atol=1e-5)
+                step = batch_size or len(loop.texts)
+                longest = [int(loop.lengths[s:s + step].max())
+                           for s in range(0, len(loop.texts), step)]
+                assert loop.decoded == hf.decoded == sum(
+                    len(loop.texts[s:s + step]) * n for s, n in zip(range(0, 99, step), longest))
+                if N == 8 and temperature == 1.0:  # preconditions
+                    assert loop.lengths[0] == 1 and not loop.truncated[0]
+                    assert loop.truncated.any() and (loop.lengths[~loop.truncated] > 1).any()
+                if N == 1:
+                    assert loop.completion_ids.shape[1] == 1
+
+
+def test_the_loop_is_what_runs(tok, model, monkeypatch):
+    """What a learner reads is what runs: the loop by hand, a few lines over the model's plain
+    forward (no cache at all: the whole sequence each step) and sampling.sample, gives the tokens
+    of generate_groups' loop; and the loop calls the decoder once for the prefill of the 4 prompts
+    (not their 8 rows) and once per further token, and never `generate`."""
+    G, N, seed = 2, 6, 5
+    stops = torch.tensor(rollout.stop_token_ids(model, tok))
+    ids, mask = sampling.encode_left_padded(tok, PROMPTS, tok.pad_token_id)  # (n, P)
+    ids, mask = ids.repeat_interleave(G, dim=0), mask.repeat_interleave(G, dim=0)  # (B, P)
+    keys = sampling.row_keys(seed, torch.arange(len(ids)))
+    done, by_hand = torch.zeros(len(ids), dtype=torch.bool), []
+    model.eval()
+    with torch.no_grad():
+        for t in range(N):
+            positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            token, _, _ = sampling.sample(logits[:, -1], keys, t, 1.0)
+            token = token.masked_fill(done, tok.pad_token_id)
+            done |= torch.isin(token, stops)
+            by_hand.append(token)
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, mask[:, -1:]], 1)
+    by_hand = torch.stack(by_hand, dim=1)  # (B, N)
+
+    calls = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("generate was called"))
+    r = rollout.generate_groups(model, tok, PROMPTS, G, N, seed=seed)
+    for i in range(len(ids)):
+        assert real_tokens(r, i) == by_hand[i, :int(r.lengths[i])].tolist()
+    T = r.completion_ids.shape[1]
+    assert calls == [(4, r.completion_start)] + [(8, 1)] * (T - 1)
+
+
+def test_the_two_level_search_is_the_inverse_cdf():
+    """sampling.sample against the one-level inverse CDF by brute force (float64 throughout): 64
+    rows of 300 tokens (not a multiple of a block: the last one is padded), a quarter of the
+    logits -inf, at T = 1 and 0.7, over 40 positions: the same token wherever u lies farther than
+    1e-6 (float32 rounding of the probabilities) from an edge of the cumulative distribution, a
+    -inf token never; the entropy of softmax(logits / T) to 1e-5; greedy is the argmax. The logits
+    are overwritten (both engines own theirs)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 300, generator=g) * 3
+    logits[torch.rand(64, 300, generator=g) < 0.25] = -math.inf
+    keys, same, near = sampling.row_keys(7, torch.arange(64)), 0, 0
+    for T in (1.0, 0.7):
+        p = torch.softmax(logits.double() / T, dim=-1)  # (64, 300)
+        cdf = p.cumsum(dim=-1)
+        entropy = -(p * p.clamp(min=1e-300).log()).sum(dim=-1)
+        for t in range(40):
+            x = logits.clone()
+            token, h, bad = sampling.sample(x, keys, t, T)
+            assert not torch.equal(x, logits)  # overwritten
+            target = sampling.stream_uniforms(keys, t) * cdf[:, -1]
+            want = torch.searchsorted(cdf, target[:, None], side="right")[:, 0]
+            edge = (cdf - target[:, None]).abs().min(dim=-1).values < 1e-6
+            assert ((token == want) | edge).all()
+            same, near = same + int((token == want).sum()), near + int(edge.sum())
+            assert not torch.isinf(logits.gather(1, token[:, None])).any() and not bad.any()
+            torch.testing.assert_close(h.double(), entropy, atol=1e-5, rtol=0)
+    assert same >= 2 * 64 * 40 - near and near < 10  # the edges are rare
+    token, h, bad = sampling.sample(logits.clone(), keys, 0, 0)
+    assert torch.equal(token, logits.argmax(dim=-1)) and not h.any() and not bad.any()
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """The decode step compiled as on a GPU, with torch.compile's eager backend (no compiler
+    needed), from a clean slate: no compiled graph, no kept cache, no earlier failure."""
+    torch.compiler.reset()
+    monkeypatch.setattr(sampling, "COMPILE", "eager")
+    monkeypatch.setattr(sampling, "_compiled", {})
+    monkeypatch.setattr(sampling, "_kept", {})
+    monkeypatch.setattr(sampling, "_failed", [])
+    yield
+    torch.compiler.reset()
+
+
+def test_the_compiled_step_is_one_graph_with_the_same_tokens(tok, model, compiling, capsys):
+    """The step a GPU compiles (the decoder, the lm_head and the sampler, fullgraph=True: a graph
+    break is an error), traced here with the eager backend: the same tokens as the eager loop, one
+    line for its one compile; a second call at another prompt width inside the same bucket, at
+    another seed, compiles nothing (t is a tensor, the widths are bucketed, the cache is reused);
+    another number of rows is another graph."""
+    sampling.COMPILE = "off"
+    eager = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    sampling.COMPILE = "eager"
+    before = sampling.compiles()
+    compiled = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    assert_same_rollouts(compiled, eager, entropy_atol=1e-5)
+    assert sampling.compiles() == before + 1 and not sampling._failed
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith("decode step: compiled for 12 rows x 72 columns in ")
+    narrower = ["Q: 1", "Question: 1+2\nAnswer:", "Q:", "Question: 5+5\nAnswer:"]
+    assert compiled.prompt_ids.shape[1] != rollout.generate_groups(
+        model, tok, narrower, 3, 8, seed=3).prompt_ids.shape[1]  # precondition: another width
+    assert sampling.compiles() == before + 1 and capsys.readouterr().err == ""
+    rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3)
+    assert sampling.compiles() == before + 2
+
+
+def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compiling, capsys,
+                                                             monkeypatch):
+    """A compiled step that fails (here after it wrote its column of the cache, as a failed
+    capture could) must not stop the run: one line, then the eager step from the right column,
+    with the eager loop's tokens; later calls do not try again."""
+    sampling.COMPILE = "off"
+    eager = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    sampling.COMPILE = "eager"
+
+    def broken(backend):
+        def step(*args):
+            sampling._one_token(*args)
+            raise RuntimeError("capture failed\nat some depth")
+        return step
+    monkeypatch.setattr(sampling, "_compiled_step", broken)
+    got = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    assert_same_rollouts(got, eager, entropy_atol=1e-5)
+    assert capsys.readouterr().err.splitlines() == [
+        "decode step: compiling failed (RuntimeError: capture failed); decoding on without "
+        "compiling"]
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11,
+                                                 record_entropy=True), eager, entropy_atol=1e-5)
+    assert capsys.readouterr().err == ""
 
 
 # chi-square quantiles P(X > q) = 0.001 (scipy.stats.chi2.isf(0.001, df)): a fixed seed, so these
@@ -738,28 +906,28 @@ def cache_dtypes(model):
 
 
 def test_generation_keeps_its_cache_in_the_autocast_dtype(tok, model):
-    """Under bf16 autocast with float32 weights, every cache mode (prefix, plain, static) holds
-    bf16 keys and bf16 values at every decode step: without the rotary hook the keys were
-    float32, promoted by the float32 cos and sin. In float32 no hook is installed (the samples
-    are those of before), and none is left behind either way. This also runs each cache mode's
-    lines under autocast on the CPU."""
+    """Under bf16 autocast with float32 weights, either engine (the loop's prefill and static
+    cache, generate's dynamic cache) holds bf16 keys and bf16 values at every decode step: without
+    the rotary hook the keys were float32, promoted by the float32 cos and sin. In float32 no hook
+    is installed (the samples are those of before), and none is left behind either way. This also
+    runs each engine's lines under autocast on the CPU."""
     records, handle = cache_dtypes(model)
     rotary = model.get_decoder().rotary_emb
     try:
-        for cache in sampling.CACHES:
+        for engine in sampling.ENGINES:
             records.clear()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                r = rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache,
+                r = rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, engine=engine,
                                             record_entropy=True)
             assert r.completion_mask.any(dim=1).all() and r.entropy.dtype == torch.float32
-            assert len(records) >= 5 and all(hooked for _, _, hooked in records), cache
+            assert len(records) >= 5 and all(hooked for _, _, hooked in records), engine
             bf16 = all(keys == values == {torch.bfloat16} for keys, values, _ in records)
-            assert bf16, (cache, records)
+            assert bf16, (engine, records)
             assert not rotary._forward_hooks
             records.clear()
-            rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, cache=cache)
+            rollout.generate_groups(model, tok, PROMPTS, 2, 5, seed=3, engine=engine)
             assert all(keys == values == {torch.float32} and not hooked
-                       for keys, values, hooked in records), cache
+                       for keys, values, hooked in records), engine
     finally:
         handle.remove()
 
@@ -770,14 +938,14 @@ def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
     """The seed's and the rows' keys are derived once per generate call (one copy to the device),
     each decode step hashing only its position: splitmix64 runs n + 2 times over n steps (3n
     before), and the tokens are those of the inverse CDF against uniforms(seed, row, t) at every
-    step."""
+    step (50 tokens: one block of the two-level search)."""
     calls, real = [], sampling.splitmix64
     monkeypatch.setattr(sampling, "splitmix64", lambda x: calls.append(1) or real(x))
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 4, 50, generator=g)  # (steps, rows, V)
     sampler = sampling.Sampler(0.8, seed=5, first_row=3)
     for t in range(6):
-        token = sampler(None, logits[t]).argmax(dim=-1)
+        token = sampler(None, logits[t].clone()).argmax(dim=-1)  # the sampler overwrites it
         cdf = torch.softmax(logits[t].double() / 0.8, dim=-1).cumsum(dim=-1)
         u = sampling.uniforms(5, torch.arange(3, 7), t)
         expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], side="right")[:, 0]
@@ -809,14 +977,16 @@ def test_nonfinite_logits_are_an_error(tok, model):
         model.get_decoder().norm.weight[0] = nan  # every logit of every row NaN
     model.train()
     config = model.generation_config
-    with pytest.raises(sampling.NonFiniteLogits) as e:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4)
-    message = str(e.value)
-    assert "\n" not in message and isinstance(e.value, RuntimeError)
-    assert message.startswith("the model produced NaN or inf logits while sampling "
-                              "(in 4 of 4 rows; first at decode position 0 of row 0)")
-    # what to do: the caller says (train.py)
-    assert message.endswith("its weights have probably diverged")
-    assert model.training and model.generation_config is config
-    assert not model.get_decoder().rotary_emb._forward_hooks
+    for engine in sampling.ENGINES:
+        with pytest.raises(sampling.NonFiniteLogits) as e:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4,
+                                        engine=engine)
+        message = str(e.value)
+        assert "\n" not in message and isinstance(e.value, RuntimeError)
+        assert message.startswith("the model produced NaN or inf logits while sampling "
+                                  "(in 4 of 4 rows; first at decode position 0 of row 0)")
+        # what to do: the caller says (train.py)
+        assert message.endswith("its weights have probably diverged")
+        assert model.training and model.generation_config is config
+        assert not model.get_decoder().rotary_emb._forward_hooks

@@ -499,6 +499,10 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     args = (0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
             {"no_answer": 0, "hedge": 0})
     row = step_record(*args, updates)
+    assert row["pad_share"] is None  # a Rollouts that does not say what it decoded
+    ro.decoded = 10  # 2 rows x 5 decode steps, 6 of them real: 4 after their row had stopped
+    assert step_record(*args, updates)["pad_share"] == 0.4
+    ro.decoded = 0
     assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
     assert row["fwd_bwd_tokens"] == 21  # the compute of all three: forwarded, applied or not
     from machinery.logs import step_line
@@ -514,11 +518,11 @@ def cpu_bf16(device, dtype):
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("loss, dtype, generation", [("grpo", "auto", "prefix"), ("gspo", "auto", "static"),
-                                                      ("grpo", "bfloat16", "plain")])
+@pytest.mark.parametrize("loss, dtype, generation", [("grpo", "auto", "loop"), ("gspo", "auto", "hf"),
+                                                      ("grpo", "bfloat16", "loop")])
 def test_the_gpu_paths_run_on_the_cpu_and_the_first_ratio_is_exactly_1(tmp_path, tiny_dir, monkeypatch, loss, dtype,
                                                                        generation):
-    """bf16 autocast (what a GPU runs), bf16 weights and every cache, on the CPU: a run's first mini-batch
+    """bf16 autocast (what a GPU runs), bf16 weights and either engine, on the CPU: a run's first mini-batch
     has ratio exactly 1 and nothing clipped, also under GSPO's 3e-4 clip, though under bf16 a forward's
     numbers change with the batch's shape; every update is finite."""
     if dtype == "auto":
@@ -529,6 +533,7 @@ def test_the_gpu_paths_run_on_the_cpu_and_the_first_ratio_is_exactly_1(tmp_path,
     trained = [r for r in log if not r["no_signal"]]
     assert trained and all(r["ratio_first"] == [1.0, 1.0] and r["clip_first"] == 0.0 for r in trained), trained
     assert all(r["nonfinite"] == 0 and math.isfinite(r["loss"]) for r in log)
+    assert all(0 <= r["pad_share"] < 1 for r in log)  # the longest row's tax, logged each step
 
 
 def test_nan_logits_stop_the_run_naming_the_step(tmp_path, tiny_dir, capsys):
