@@ -179,10 +179,11 @@ def first_below(curve):
     return 1.0
 
 
-def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0):
+def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0, shown=SHOWN):
     """Every number of a folder's table and panel (see the module docstring): per method, at each
     share f its runs whose length is nearest the steps GRPO's budget affords it there, the
-    speed-ups over GRPO and the filter, and the break-even shares, with bootstrap intervals."""
+    speed-ups over GRPO and the filter, and the break-even shares, with bootstrap intervals; the
+    speed-up at f0 and at each share in `shown`."""
     (S, grpo), = runs_by_method["grpo"].items()
     n, seeds = len(grpo), [r["seed"] for r in grpo]
     for m, sets in runs_by_method.items():
@@ -218,7 +219,7 @@ def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0):
                     curve.append(speedup(chosen(ref, f)[0], mine, a))
                 row[name] = curve
                 if name == "grpo":
-                    row["at"] = {f: speedup(chosen(ref, f)[0], *chosen(m, f)) for f in (f0, *SHOWN)}
+                    row["at"] = {f: speedup(chosen(ref, f)[0], *chosen(m, f)) for f in (f0, *shown)}
             out[m] = row
         return costs, out
 
@@ -227,7 +228,7 @@ def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0):
     boots = [numbers(rng.integers(0, n, n))[1] for _ in range(resamples)]
     target = np.mean([r["history"][-1]["accuracy"] for r in grpo])
     result = {"f0": f0, "g": float(g0), "u": float(u0), "seeds": seeds, "target": float(target),
-              "methods": {}}
+              "shown": list(shown), "methods": {}}
     for m in methods:
         p = point[m]
 
@@ -240,7 +241,7 @@ def analyse(runs_by_method, resamples=BOOTSTRAP, seed=0):
                "curve": [float(x) for x in p["grpo"]],
                "curve_ci": [ci(lambda b, k=k: b["grpo"][k]) for k in range(len(SHARES))],
                "at": {str(round(f, 4)): [float(p["at"][f]), ci(lambda b, f=f: b["at"][f])]
-                      for f in (f0, *SHOWN)},
+                      for f in (f0, *shown)},
                "even_grpo": [first_below(p["grpo"]), ci(lambda b: first_below(b["grpo"]))]}
         if "filter" in p:
             row["even_filter"] = [first_below(p["filter"]), ci(lambda b: first_below(b["filter"]))]
@@ -265,19 +266,19 @@ def even_cell(v):
 
 def table(result):
     """The markdown table of one folder's analyse()."""
-    f0 = result["f0"]
+    f0, shown = result["f0"], result.get("shown", SHOWN)
     head = (f"GRPO's step: {result['g']:.3f} s generation + {result['u']:.3f} s update, "
             f"generation's share measured here f0 = {f0:.2f}; its final accuracy, the target: "
             f"{100 * result['target']:.1f}%; {len(result['seeds'])} seeds")
     cols = (["method", "runs: steps to the target (gen s + upd s to it)",
-             f"x sooner at f0 = {f0:.2f}"] + [f"x sooner at f = {f}" for f in SHOWN]
+             f"x sooner at f0 = {f0:.2f}"] + [f"x sooner at f = {f}" for f in shown]
             + ["faster than GRPO below f", "faster than grpo-filter below f"])
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for m, r in result["methods"].items():
         runs = "; ".join(f"{k} steps: not reached" if c is None else
                          f"{k} steps: {c['step']:.1f} ({c['gen_s']:.1f} + {c['upd_s']:.1f})"
                          for k, c in r["runs"].items())
-        cells = [m, runs] + [x_cell(r["at"][str(round(f, 4))]) for f in (f0, *SHOWN)]
+        cells = [m, runs] + [x_cell(r["at"][str(round(f, 4))]) for f in (f0, *shown)]
         cells += [even_cell(r["even_grpo"] if m != "grpo" else None),
                   even_cell(r.get("even_filter"))]
         lines.append("| " + " | ".join(cells) + " |")
@@ -321,12 +322,17 @@ def main(argv=None):
     p.add_argument("--json", default="", help="write every number here")
     p.add_argument("--gpu", default="0.6,0.9,GPU step, the project's estimate",
                    help="LOW,HIGH,LABEL: the band of f where a GPU step sits ('': none)")
+    p.add_argument("--at", default=",".join(map(str, SHOWN)),
+                   help="the shares f at which the table gives the speed-up, beside the measured one")
     p.add_argument("--cost", default="seconds", choices=("seconds", "tokens"),
                    help="each step's seconds as measured, or from its tokens at GRPO's prices")
     args = p.parse_args(argv)
     try:
         price = by_tokens if args.cost == "tokens" else (lambda runs: runs)
-        results = [analyse(price(load(f))) for f in args.folders]
+        shown = tuple(float(f) for f in args.at.split(","))
+        if not all(0 <= f < 1 for f in shown):
+            raise ValueError(f"--at {args.at}: each share must be in [0, 1)")
+        results = [analyse(price(load(f)), shown=shown) for f in args.folders]
         gpu = None
         if args.gpu:
             lo, hi, label = args.gpu.split(",", 2)

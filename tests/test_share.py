@@ -115,3 +115,15 @@ def test_the_command_prints_the_table_and_draws(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "generation's share measured here f0 = 0.25" in printed and out.stat().st_size > 0
     assert json.loads((tmp_path / "s.json").read_text())[tmp_path.name]["f0"] == 0.25
+
+
+def test_the_speed_up_at_any_share_asked_for(tmp_path, capsys):
+    """--at 0.4: a = 0.4 * 3 / (0.6 * 1) = 2; GRPO's budget affords d3s 4 (a + 3) / (a + 1) = 6.7
+    steps, nearest its 8-step runs: 4a + 12 = 20 s against 7a + 7 = 21, 0.95x."""
+    assert share.main([str(folder(tmp_path)), "--at", "0.4", "--gpu", ""]) == 0
+    printed = capsys.readouterr().out
+    assert "| x sooner at f = 0.4 | faster than GRPO below f |" in printed
+    assert "| d3s | 4 steps: not reached; 8 steps: 7.0 (7.0 + 7.0) | 1.14x [1.14, 1.14] | 0.95x" \
+        in printed
+    assert share.main([str(tmp_path), "--at", "0.4,1.5"]) == 2
+    assert "--at 0.4,1.5: each share must be in [0, 1)" in capsys.readouterr().err
