@@ -75,16 +75,20 @@ GiB = memory.GiB
 # label: (model, train.py's flags beyond the check's, card GiB simulated (None: all of it), TF32
 # matmuls, estimated seconds on one H200); {mb}: --micro_batch_size, given
 GRPO = ["--method", "grpo", "--micro_batch_size", "{mb}"]
+
+
+def fixed(rho_s, rho_t):
+    """D3S at fixed keep ratios (its schedule's two ends the same), the micro-batch given."""
+    return ["--s_init", rho_s, "--s_final", rho_s, "--t_init", rho_t, "--t_final", rho_t,
+            "--micro_batch_size", "{mb}"]
+
+
 RUNS = {
     "d3s": ("Qwen2.5-0.5B", [], None, False, 90),
     "d3s-hf": ("Qwen2.5-0.5B", ["--generation", "hf"], None, False, 100),
     "grpo": ("Qwen2.5-0.5B", GRPO, None, False, 55),
-    "d3s-0.25": ("Qwen2.5-0.5B", ["--s_init", "0.25", "--s_final", "0.25", "--t_init", "0.2",
-                                  "--t_final", "0.2", "--micro_batch_size", "{mb}"], None, False,
-                 40),
-    "d3s-0.75": ("Qwen2.5-0.5B", ["--s_init", "0.75", "--s_final", "0.75", "--t_init", "0.6",
-                                  "--t_final", "0.6", "--micro_batch_size", "{mb}"], None, False,
-                 55),
+    "d3s-0.25": ("Qwen2.5-0.5B", fixed("0.25", "0.2"), None, False, 40),
+    "d3s-0.75": ("Qwen2.5-0.5B", fixed("0.75", "0.6"), None, False, 55),
     "gib24": ("Qwen2.5-0.5B", [], 24, False, 70),
     "gib16": ("Qwen2.5-0.5B", [], 16, False, 110),
     "lora": ("Qwen2.5-1.5B", ["--lora_rank", "16"], 24, False, 150),
@@ -279,30 +283,31 @@ def train_run(check, label):
         cfg, given = config.parse_args(train.Config, argv)
         with watched(watch), tf32(tf32_on):
             train.train(cfg, given=given, log=lambda line: (lines.append(line), print(line)))
+        record["status"] = "done"
     except Exception as e:  # shown and recorded, never taken for a skip; the next run goes on
         record.update(status="error", error=error_record(e), last_lines=lines[-5:])
-    else:
-        record["status"] = "done"
-    finally:
-        if check.cuda:
-            simulate_card(check.device, None)
     record["wall_s"] = round(time.time() - t0, 1)
-    resumes = os.path.join(out, "resumes.jsonl")
-    changes = [json.loads(x) for x in open(resumes)] if os.path.exists(resumes) else []
-    record["out_of_memory_retries"] = [c["changed"] for c in changes
-                                       if c.get("why") == "out of memory"]
     record.update(watch.begun or {})
-    if check.cuda:
-        p = peaks(check.device)
-        record["peak_gib"] = {k: gib(v) for k, v in p.items()}
-        if watch.begun:
-            record["reserved_over_predicted"] = round(
-                p["reserved"] / (watch.begun["predicted_gib"]["peak"] * GiB), 3)
     # machinery.sampling.COMPILE: "auto" compiles the decode step on a GPU; after a failure to
     # compile, the run decodes eagerly
     record["compile"] = {"mode": sampling.COMPILE,
                          "failed": [f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                                     for e in sampling._failed]}
+    resumes = os.path.join(out, "resumes.jsonl")
+    changes = [json.loads(x) for x in open(resumes)] if os.path.exists(resumes) else []
+    record["out_of_memory_retries"] = [c["changed"] for c in changes
+                                       if c.get("why") == "out of memory"]
+    if check.cuda:  # after a device's error these fail too; the run's own error is the one kept
+        try:
+            simulate_card(check.device, None)
+            p = peaks(check.device)
+            record["peak_gib"] = {k: gib(v) for k, v in p.items()}
+            if watch.begun:
+                record["reserved_over_predicted"] = round(
+                    p["reserved"] / (watch.begun["predicted_gib"]["peak"] * GiB), 3)
+        except Exception as e:
+            record.setdefault("error", error_record(e))
+            record["status"] = "error"
     steps = [step_figures(r, c) for r, c in zip(watch.rows, watch.counts)]
     record["warm_up"], record["steady"] = (steps[0] if steps else None), steps[1:]
     record["steady_median"] = {k: median([s[k] for s in steps[1:]]) for k in STEADY}
@@ -569,7 +574,10 @@ class Check:
             if label not in self.runs:
                 parts[name] = {"status": "running", "run": label, "since_s": round(self.elapsed())}
                 self.write()
-                self.runs[label] = train_run(self, label)
+                try:
+                    self.runs[label] = train_run(self, label)
+                except Exception as e:  # before train.py started (building its model, say)
+                    self.runs[label] = {"status": "error", "error": error_record(e)}
                 say_run(label, self.runs[label])
         failed = {r: self.runs[r]["error"] for r in runs if self.runs[r]["status"] != "done"}
         if failed:
@@ -601,6 +609,28 @@ def say(name, result):
     """A part's result in a few lines."""
     short = {k: v for k, v in result.items() if k not in ("run", "compile", "settings")}
     print(f"== {name}: " + json.dumps(short), flush=True)
+
+
+# the figures of a part's one line in the digest, each where the part has it
+DIGEST = ("step_s", "generation_s", "update_s", "generation_share", "generated_tokens_per_s",
+          "pad_share", "compiles_first_step", "recompiles_after_first_step",
+          "loop_over_hf_generation_s", "predicted_gib", "peak_gib", "fits", "targets",
+          "first_ratio_exactly_1", "rows", "flops", "tf32")
+
+
+def digest(summary):
+    """One line a part, at the end: what the last lines of the output should show."""
+    print("\ndigest (steady medians; the first step of each run apart as warm-up):")
+    for name, r in summary["parts"].items():
+        if r["status"] != "done":
+            why = r.get("why") or r.get("error") or r.get("runs_failed")
+            print(f"  {name}: {r['status']}" + (f" {json.dumps(why)[:300]}" if why else ""))
+            continue
+        peaks = {"predicted_gib": ("predicted_peak_gib", "peak"),  # reserved: None on a CPU
+                 "peak_gib": ("peak_reserved_gib", "reserved")}
+        figures = {peaks[k][0] if k in peaks else k: (r[k] or {}).get(peaks[k][1]) if k in peaks
+                   else r[k] for k in DIGEST if k in r}
+        print(f"  {name}: " + " | ".join(f"{k} {json.dumps(v)}" for k, v in figures.items()))
 
 
 class Tee:
@@ -655,6 +685,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    config.parse_args(train.Config, rest)  # what goes to train.py: a wrong flag is one line now
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_check.log"), "w", buffering=1) as log, \
             tempfile.TemporaryDirectory(prefix="gpu_check_models_") as temporary:
@@ -674,11 +705,13 @@ def main(argv=None):
             for name in args.parts:
                 try:
                     check.part(name)
-                except KeyboardInterrupt:  # a signal (timeout): what was measured stays
+                except KeyboardInterrupt as e:  # a signal (timeout): what was measured stays
                     check.summary["parts"][name] = {"status": "interrupted by a signal"}
                     check.write()
-                    raise
+                    digest(check.summary)
+                    return 128 + (e.args[0] if e.args and isinstance(e.args[0], int) else 2)
                 check.write()
+            digest(check.summary)
             print(f"\n{check.elapsed():.0f} s; summary: {os.path.join(args.out, 'summary.json')}")
             return 0
         finally:

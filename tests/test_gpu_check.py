@@ -1,10 +1,10 @@
-"""experiments/gpu_check.py on a CPU. The dry run of every part, end to end, in a subprocess with one
-thread: the summary's shape (every part done, each run's warm-up step apart from its steady ones,
-the fields each part reports) and the counts the check makes itself against train.py's own log. In
-this process: a crash in a run shown with its traceback while the next part goes on, the budget
-that starts no part whose estimate does not fit, the one-line errors, the FLOP count and the card
-table by hand, and the docstring's estimates against the ones the budget uses. (Its calls into
-torch.cuda: tests/test_cuda.py, under the strict fake.)"""
+"""experiments/gpu_check.py on a CPU. The dry run of every part, end to end, in a subprocess with
+one thread: the summary's shape (every part done, each run's warm-up step apart from its steady
+ones, the fields each part reports) and the counts the check makes itself against train.py's own
+log. In this process: a crash in a run shown with its traceback while the next part goes on, the
+budget that starts no part whose estimate does not fit, the one-line errors, the FLOP count and
+the card table by hand, and the docstring's estimates against the ones the budget uses. (Its calls
+into torch.cuda: tests/test_cuda.py, under the strict fake.)"""
 import json
 import os
 import re
@@ -150,7 +150,8 @@ def test_no_part_starts_past_the_budget(tmp_path):
 @pytest.mark.parametrize("argv, line", [
     (["--parts", "loop,gpu"], "error: --parts gpu: no such part; use some of loop, hf, grpo, "
                               "compare, gib24, gib16, lora, float16, update_cost"),
-    (["--steps", "1"], "error: --steps 1: at least 2 (the first is warm-up)")])
+    (["--steps", "1"], "error: --steps 1: at least 2 (the first is warm-up)"),
+    (["--lr", "x"], "error: argument --lr: invalid float value: 'x'")])
 def test_bad_arguments_are_one_line(argv, line, capsys):
     with pytest.raises(SystemExit) as e:
         gpu_check.main(argv)
@@ -173,7 +174,8 @@ def test_the_update_flops_by_hand():
     s = dict(vocab=10, hidden=4, intermediate=8, layers=1, heads=2, kv_heads=1, tied=True)
     fig = {"fwd_bwd_tokens": 100, "decoder_tokens_no_grad": 50, "head_positions_grad": 20,
            "head_positions_no_grad": 30}
-    assert gpu_check.update_flops(s, fig) == 6 * 164 * 100 + 2 * 164 * 50 + 6 * 40 * 20 + 2 * 40 * 30
+    assert gpu_check.update_flops(s, fig) == (6 * 164 * 100 + 2 * 164 * 50
+                                              + 6 * 40 * 20 + 2 * 40 * 30)
     untied = gpu_check.update_flops(dict(s, tied=False), fig)
     assert untied == gpu_check.update_flops(s, fig)  # an untied head is counted as the head
 
