@@ -1,14 +1,15 @@
 """
 GPU check: train.py's own command on one GPU, to measure what only a GPU shows, in one process that
-ends inside 8 minutes on one H200. The model is Qwen2.5-0.5B's architecture (its published shape)
-with random weights and the real Qwen2.5 tokenizer (the GPU machine has no hub), the prompts
-GSM8K's. A random model never writes a stop token, so every rollout runs to max_new_tokens
-(generation's slowest case, the memory prediction's worst), and never answers right, so the rewards
-are bench_speed.py's seeded coin flips (with the real grader every advantage would be 0 and
-train.py would skip every update). Each run is train.train in this process, 4 steps, with the
-held-out evaluation off (train.held_out gives 0) and no checkpoint; before it the compiler and the
-decode loop's kept cache are reset, as in a new process. The first step of a run is reported apart
-as warm-up (CUDA's, and the decode step's compile); the other three are its steady steps.
+ends inside 8 minutes on one H200 (by estimate). The model is Qwen2.5-0.5B's architecture (its
+published shape) with random weights and the real Qwen2.5 tokenizer (the GPU machine has no hub),
+the prompts GSM8K's. A random model never writes a stop token, so every rollout runs to
+max_new_tokens (generation's slowest case, the memory prediction's worst), and never answers
+right, so the rewards are bench_speed.py's seeded coin flips (with the real grader every advantage
+would be 0 and train.py would skip every update). Each run is train.train in this process, 4
+steps, with the held-out evaluation off (train.held_out gives 0) and no checkpoint; before it the
+compiler and the decode loop's kept cache are reset, as in a new process. The first step of a run
+is reported apart as warm-up (CUDA's, and the decode step's compile); the other three are its
+steady steps.
 
 The parts, most needed first. Each part's seconds on one H200 are an ESTIMATE, not a measurement:
 from the last GPU run (experiments/speed.md: HF generate ~11k tokens/s at 256 rows x 512 tokens,
@@ -35,10 +36,10 @@ runs the parts before it have not done, and building a random model.
                compare's runs), and grpo again with TF32 matmuls for the float32 LM
                head: update seconds, and whether each step's first ratio stays 1
 
-All parts: about 840 s. No part starts unless its estimate fits in what is left of --budget (400
-s by default): by estimate the first four parts take 355 s and no later one fits after them, so
-the later ones run only where the first come in under their estimates, or in another run with
---parts. OUT/summary.json is rewritten after every run and part (the part running says so),
+All parts: about 840 s. No part starts unless its estimate fits in what is left of --budget
+(400 s by default): by estimate the first four parts take 355 s and no later one fits after
+them, so the later ones run only where the first come in under their estimates, or in another
+run with --parts. OUT/summary.json is rewritten after every run and part (the part running says so),
 OUT/gpu_check.log holds all that is printed; an error is shown with its type, message and the
 traceback's last lines, and the parts after it go on.
 
