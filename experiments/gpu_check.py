@@ -29,14 +29,14 @@ runs the parts before it have not done, and building a random model.
                grpo's: update seconds, tokens forwarded and trained
   gib24        the loop's command on a 24 GiB card (set_per_process_memory_fraction):     70
                it fits, auto's choice, peak against prediction, generation speed
-  gib16        the same on 16 GiB (generation 16 rows a call)                           110
+  gib16        the same on 16 GiB (micro-batch 2, generation all at once)                80
   lora         --lora_rank 16 on Qwen2.5-1.5B's shape (random, bf16), 24 GiB             170
   float16      --dtype float16 (a T4's path): it fits, the first ratio of every step 1    80
   update_cost  the update's FLOPs by count against the card's bf16 peak (grpo and         55
                compare's runs), and grpo again with TF32 matmuls for the float32 LM
                head: update seconds, and whether each step's first ratio stays 1
 
-All parts: about 840 s. No part starts unless its estimate fits in what is left of --budget
+All parts: about 810 s. No part starts unless its estimate fits in what is left of --budget
 (400 s by default): by estimate the first four parts take 355 s and no later one fits after
 them, so the later ones run only where the first come in under their estimates, or in another
 run with --parts. OUT/summary.json is rewritten after every run and part (the part running says so),
@@ -91,7 +91,7 @@ RUNS = {
     "d3s-0.25": ("Qwen2.5-0.5B", fixed("0.25", "0.2"), None, False, 40),
     "d3s-0.75": ("Qwen2.5-0.5B", fixed("0.75", "0.6"), None, False, 55),
     "gib24": ("Qwen2.5-0.5B", [], 24, False, 70),
-    "gib16": ("Qwen2.5-0.5B", [], 16, False, 110),
+    "gib16": ("Qwen2.5-0.5B", [], 16, False, 80),
     "lora": ("Qwen2.5-1.5B", ["--lora_rank", "16"], 24, False, 150),
     "float16": ("Qwen2.5-0.5B", ["--dtype", "float16"], None, False, 80),
     "grpo-tf32": ("Qwen2.5-0.5B", GRPO, None, True, 55),

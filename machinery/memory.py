@@ -258,9 +258,10 @@ def fits(peak_bytes, free_bytes):
 
 def candidates(job, ceiling=16):
     """Each knob's values, the most preferred first. [ours] In this order of preference: no gradient
-    checkpointing (it runs every layer's forward twice), then the largest micro-batch (up to the
-    config block's CPU value: auto only lowers), then the largest lm_head chunk (it barely changes
-    the time), then the largest generation call (0: all rollouts at once)."""
+    checkpointing (it runs every layer's forward twice), then the largest generation call (0: all
+    rollouts at once; a decode step costs about as much for few rows as for all, so each extra call
+    is a whole decode more), then the largest micro-batch (up to the config block's CPU value: auto
+    only lowers), then the largest lm_head chunk (it barely changes the time)."""
     gens = [0] + halvings(job.rollouts // 2, 1)
     return {"gradient_checkpointing": [False, True], "micro_batch_size": halvings(ceiling, 1),
             "logprob_chunk": list(AUTO_CHUNKS), "gen_batch_size": gens}
@@ -277,9 +278,9 @@ def choose(s, job, free_bytes, given=None, ceiling=16, m=MEASURED):
     values = {k: [v] for k, v in (given or {}).items()}
     options = {**candidates(job, ceiling), **values}
     for gc in options["gradient_checkpointing"]:
-        for micro in options["micro_batch_size"]:
-            for chunk in options["logprob_chunk"]:
-                for gen in options["gen_batch_size"]:
+        for gen in options["gen_batch_size"]:
+            for micro in options["micro_batch_size"]:
+                for chunk in options["logprob_chunk"]:
                     settings = dict(zip(KNOBS, (micro, gen, chunk, gc)))
                     got = predict(s, settings, job, m)
                     if fits(got["peak"], free_bytes):
