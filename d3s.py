@@ -25,9 +25,9 @@ import torch
 
 SAMPLE_MODES = {  # what sample selection keeps (step 4), in words: also the selection page's
     "none": "every rollout (no sample selection)",
-    "cross": "the share rho_s of the step's rollouts whose advantages have maximal variance, pooled "
-             "over the step, not re-normalised: zero-variance groups (all right or all wrong, so "
-             "A = 0) are the first dropped",
+    "cross": "the share rho_s of the step's rollouts whose advantages have maximal variance, "
+             "pooled over the step, not re-normalised: zero-variance groups (all right or all "
+             "wrong, so A = 0) are the first dropped",
     "intra": "inside each group, the rollouts whose advantages have maximal variance",
     "pods": "inside each group, the rollouts whose rewards have maximal variance, advantages "
             "re-normalised (PODS)",

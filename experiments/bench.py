@@ -187,6 +187,7 @@ STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "fwd_
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int,
                 "group_size": int, "max_new_tokens": int, "micro_batch_size": int,
                 "updates_per_batch": int, "loss": str, "optimizer": str, "grad_clip": float,
+                "generation": str,
                 **{k: t for k, t in (("divisor", str), ("minibatch_size", int))
                    if hasattr(train.Config, k)}}
 RATIOS = ("s_init", "s_final", "t_init", "t_final")  # passed only to the methods that read them

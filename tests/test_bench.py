@@ -579,13 +579,14 @@ def test_pass_through_and_the_whole_test_split(tmp_path):
                                               "--eval_every", "10", "--loss", "gspo",
                                               "--updates_per_batch", "1", "--optimizer", "sgd",
                                               "--max_new_tokens", "40", "--micro_batch_size", "7",
-                                              "--grad_clip", "0"]))
+                                              "--grad_clip", "0", "--generation", "hf"]))
     assert [c.seed for c in cfgs] == [100, 101]
     c = cfgs[0]
     assert (c.eval_size, c.eval_every) == (1036, 10)  # the tiny world's whole test split
     knobs = (c.loss, c.updates_per_batch, c.optimizer, c.max_new_tokens, c.micro_batch_size)
     assert knobs == ("gspo", 1, "sgd", 40, 7)
     assert c.grad_clip == 0.0  # off: the gradient norm D3S raises reaches SGD's step unclipped
+    assert c.generation == "hf"  # the engine: study.md compares the two
     assert c.save_every == 0 and c.out_dir == str(tmp_path / "runs" / "grpo-seed100")
     assert bench.train_command(c).startswith("python train.py --method grpo --loss gspo ")
 
