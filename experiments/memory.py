@@ -276,12 +276,14 @@ def lora(model, rank):
     gradients allocated for the adapters. -> the adapted transformers model inside PEFT's."""
     import torch
     from peft import LoraConfig, get_peft_model
+    from machinery.model import quiet  # PEFT's deprecation warning, as train.py's LoRA has none
     for p in model.parameters():
         p.grad = None
-    model = get_peft_model(model.to(torch.bfloat16), LoraConfig(
-        r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"]))
+    with quiet():
+        model = get_peft_model(model.to(torch.bfloat16), LoraConfig(
+            r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                            "down_proj"]))
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)

@@ -100,9 +100,10 @@ def step_probabilities(model, tokenizer, rows):
 
 
 def entropy_profile(model, tokenizer, rows, max_new_tokens, group_size=GROUP, seed=0):
-    """The sampler's entropy H_t (the one D3S scores) at every completion token of `group_size`
-    answers at T = 1 to each row's question: the forking share (H > FORK_ENTROPY), mean and median
-    H, and the share of all the entropy that the top 20% of tokens hold."""
+    """The sampler's entropy H_t (in float32, within float rounding of the one D3S scores, which
+    comes from a training forward) at every completion token of `group_size` answers at T = 1 to
+    each row's question: the forking share (H > FORK_ENTROPY), mean and median H, and the share of
+    all the entropy that the top 20% of tokens hold."""
     prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
     out = generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, temperature=1.0,
                           batch_size=256, record_entropy=True, seed=seed)
