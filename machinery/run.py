@@ -36,6 +36,7 @@ import sys
 import traceback
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 import d3s
@@ -188,8 +189,8 @@ class Run:
             self.saved = checkpoint.save(self.cfg.out_dir, self.model, self.tokenizer,
                                          self.optimizer, step, self.history, self.tokens_trained,
                                          self.world, config_json(self.cfg, self.world, self.picked))
-        except Exception as e:  # torch.save and safetensors report a failed write in errors of
-            if isinstance(e, OSError):  # their own: each is the save's (__exit__ says so)
+        except (RuntimeError, SafetensorError) as e:  # torch.save's and safetensors' own errors
+            if memory.is_out_of_memory(e):            # for a failed write (__exit__ says so)
                 raise
             code = re.search(r"os error (\d+)", str(e))  # safetensors names the OS's error
             raise SaveFailed(code and int(code[1]), first_line(e),
