@@ -272,10 +272,7 @@ def train_run(check, label):
     watch, lines, t0 = Watch(), [], time.time()
     # a new process's state: the decode step compiles again (inductor's cache on disk helps), or
     # tries to where it failed before (each run says whether it did); its kept KV cache is gone
-    if sampling.compiles() or sampling._failed:
-        torch.compiler.reset()
-    sampling._kept.clear()
-    sampling._failed.clear()
+    sampling.reset()
     gc.collect()
     if check.cuda:
         empty(check.device)
@@ -293,7 +290,7 @@ def train_run(check, label):
     # compile, the run decodes eagerly
     record["compile"] = {"mode": sampling.COMPILE,
                          "failed": [f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                                    for e in sampling._failed]}
+                                    for e in sampling.compile_failures()]}
     resumes = os.path.join(out, "resumes.jsonl")
     changes = [json.loads(x) for x in open(resumes)] if os.path.exists(resumes) else []
     record["out_of_memory_retries"] = [c["changed"] for c in changes

@@ -241,6 +241,21 @@ def compiles():
     return STATS["compiles"]
 
 
+def compile_failures():
+    """The errors that turned compiling the decode step off in this process (one line said each)."""
+    return list(_failed)
+
+
+def reset():
+    """The decode step as a new process has it: nothing compiled, no failure, no kept cache (for a
+    script that runs several train.py runs in one process: experiments/gpu_check.py)."""
+    if STATS["compiles"] or _failed:
+        torch.compiler.reset()
+    _kept.clear()
+    _compiled.clear()
+    _failed.clear()
+
+
 def _graphs():
     """torch's count of the graphs dynamo has compiled in this process."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
