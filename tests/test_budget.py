@@ -77,8 +77,9 @@ def test_read_pairs_the_accuracy_where_each_run_crosses_the_budget(tmp_path):
     """On a device with f = 0.5 and d3s's update 0.25 of GRPO's, a d3s step costs 0.625 GRPO
     steps: a budget of 2 is crossed at step 3.2, where seed 0 is at 0.3 + 0.6 * 0.1 = 0.36 and
     seed 1 at 0.46; GRPO at step 2 is at 0.4: -4 and +6 points. The 4-step runs (0.36 for both
-    seeds) cost 2.5: they cross it too, at the same step; at a budget of 4 they end first. On this CPU (f0 = 0.25, d3s's
-    update 1/3 of GRPO's: 0.5 a step) the budget of 2 is crossed at step 4, at 0.4 and 0.5."""
+    seeds) cost 2.5: they cross it too, at the same step; at a budget of 4 they end first. On this
+    CPU (f0 = 0.25, d3s's update 1/3 of GRPO's: 0.5 a step) the budget of 2 is crossed at step 4,
+    at 0.4 and 0.5."""
     runs = study(tmp_path)
     dev = budget.devices("dev:share=0.5,d3s=0.25")[0]
     f, rows = budget.read(runs, dev, 2)
