@@ -42,8 +42,12 @@ the tokens token selection trained are also bold with a thick vermillion bar bel
 rollout, kept or dropped, a bluish-green triangle above points at each fork, a token sampled with
 an entropy above FORK_ENTROPY (0.672 nats, the 80/20 paper's threshold), so a trained fork has a
 triangle above and a bar below. Each mark is 6 px, readable at 100% zoom, and the legend shows
-each. The header gives the step's forking share and how many forks were trained. A zero-variance
-group (all G rewards equal, so A = 0) that still had rollouts kept says why, and what they train.
+each. The header gives the step's forking share and how many forks were trained; the legend names
+the score in d3s.TOKEN_MODES' own words (score_name) and says where token selection cut it, and how
+many tokens of a tie at the cut it trained. A zero-variance group (all G rewards equal, so A = 0)
+that still had rollouts kept says why, and what they train. A page of cross selection ends with a
+worked example that d3s computes as the page is written (worked_example): four identical groups, one
+right of 8 in each, 4 of 32 kept, which ones and what their A average.
 The page is one self-contained file (inline CSS, no script, nothing from the network), rebuilt from
 RUN/selection/step_NNNNNN.json, a small record of the groups shown; train.py records only the step
 before an evaluation, so the other steps cost nothing.
@@ -56,6 +60,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import unicodedata
 
@@ -349,9 +354,11 @@ def compare_runs(run_dirs, out):
 # The record (selection_record -> JSON, RUN/selection/step_NNNNNN.json) holds only the groups shown:
 #   {"format": "nanoD3S selection 1", "step", "method", "sample_mode", "token_mode",
 #    "prompts": P, "group_size": G, "stats": the step's log row,
-#    "score": "|A|·H" | "H" | null (no token selection), "score_max", "score_cut": the highest score
-#    of the step's kept rollouts and the lowest score token selection kept, "score_edges": the 7
-#    scores that split the step's scored tokens into eighths (all three over the whole step),
+#    "score": what the tokens are ranked by (score_name: "|A|·H", "entropy H") | null (nothing
+#    scored), "score_max", "score_cut": the highest score of the step's kept rollouts and the
+#    lowest score token selection kept, "score_tie": [trained, all] of the kept rollouts' tokens at
+#    score_cut (optional: later), "score_edges": the 7 scores that split the step's scored tokens
+#    into eighths (all four over the whole step),
 #    "specials": the special-token strings among the tokens shown,
 #    "forks": {"threshold": FORK_ENTROPY, "tokens": the step's completion tokens, "count": those
 #              above the threshold, "trained": those of them token selection trained} (null: no
@@ -365,7 +372,7 @@ def compare_runs(run_dirs, out):
 #                              "forks": [0/1] per token, 1 where the sampling entropy is above
 #                                       FORK_ENTROPY, or null (no entropy recorded)}]}]}
 
-FORMAT = "nanoD3S selection 1"  # "forks" came later and is optional: older records still load
+FORMAT = "nanoD3S selection 1"  # "forks", "score_tie" came later, optional: older records load
 # A "forking" token: one sampled with an entropy above 0.672 nats, the 80/20 paper's threshold
 # (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939: 80% of a reasoning model's tokens
 # lie below it); the few tokens where the policy decides which way the reasoning goes.
@@ -446,7 +453,7 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     sample_mode = stats.get("sample_mode", modes.get("sample"))
     token_mode = stats.get("token_mode", modes.get("token"))
 
-    score_max = score_cut = edges = None
+    score_max = score_cut = score_tie = edges = None
     if scores is not None:
         scores = scores.detach().float().cpu()  # (N, T)
         scored = scores[mask[idx]].sort().values  # every valid token of the kept rows, ascending
@@ -456,7 +463,10 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
             # would otherwise leave almost every token in the lightest shade
             edges = [_sig(scored[b * len(scored) // BINS].item()) for b in range(1, BINS)]
         if token_mask.any():
-            score_cut = _sig(scores[token_mask].min().item())  # token selection kept all above it
+            cut = scores[token_mask].min()
+            score_cut = _sig(cut.item())  # token selection kept all above it
+            tied = (scores == cut) & mask[idx]  # the kept rollouts' tokens at the cut: it may
+            score_tie = [int((tied & token_mask).sum()), int(tied.sum())]  # keep only some
 
     special = set(getattr(tokenizer, "all_special_tokens", []))
     decoded = {}  # id -> its text: each id decoded once
@@ -488,8 +498,9 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
         "format": FORMAT, "step": int(stats["step"]), "method": method, "sample_mode": sample_mode,
         "token_mode": token_mode, "prompts": P, "group_size": G,
         "stats": {k: _plain(v) for k, v in stats.items()},
-        "score": None if scores is None else SCORE_NAMES.get(token_mode, "score"),
-        "score_max": score_max, "score_cut": score_cut, "score_edges": edges,
+        "score": None if scores is None else score_name(token_mode),
+        "score_max": score_max, "score_cut": score_cut, "score_tie": score_tie,
+        "score_edges": edges,
         "specials": sorted(special & shown),
         "forks": None if forks is None else {
             "threshold": FORK_ENTROPY, "tokens": int(mask.sum()), "count": int(forks.sum()),
@@ -498,20 +509,33 @@ def selection_record(tokenizer, rollouts, questions, answers, rewards, adv, idx,
     }
 
 
-SCORE_NAMES = {"adv_entropy": "|A|·H", "entropy": "H", "random": "a uniform draw"}  # the shading
 PAGE_SIGNS = {"rho_s": "ρs", "rho_t": "ρt", "|A| * H": "|A|·H", "!=": "≠"}
 
 
-def rule(level, mode):
-    """The page's words for what a level ("sample" or "token") keeps under a mode: d3s.py's own
-    (SAMPLE_MODES, TOKEN_MODES), so a mode is described where it is defined."""
-    import d3s  # here: `import plots` needs no torch
-    words = (d3s.SAMPLE_MODES if level == "sample" else d3s.TOKEN_MODES)[mode]
+def _signs(words):
     for plain, sign in PAGE_SIGNS.items():
         words = words.replace(plain, sign)
+    return words
+
+
+def score_name(mode):
+    """What a token mode ranks by, the shading's name, in d3s.TOKEN_MODES' own words ("... the
+    highest |A| * H, ..." -> |A|·H), so a mode added there is named where it is defined; else the
+    mode's name."""
+    import d3s  # here: `import plots` needs no torch
+    found = re.search(r"highest (.+?)(?:,| \(|$)", d3s.TOKEN_MODES.get(mode, ""))
+    return _signs(found.group(1)) if found else str(mode)
+
+
+def rule(level, mode, scored=False):
+    """The page's words for what a level ("sample" or "token") keeps under a mode: d3s.py's own
+    (SAMPLE_MODES, TOKEN_MODES), so a mode is described where it is defined. scored: the step's
+    tokens have scores (the record's), so the page shades them."""
+    import d3s  # here: `import plots` needs no torch
+    words = _signs((d3s.SAMPLE_MODES if level == "sample" else d3s.TOKEN_MODES)[mode])
     if level == "sample" and mode != "none":
         words += ". A dropped rollout never reaches the model again"
-    if level == "token" and mode not in SCORE_NAMES:
+    if level == "token" and not scored:
         words += ": nothing is scored or shaded"
     return words[0].upper() + words[1:] + "."
 
@@ -560,6 +584,11 @@ u[class^=k]{color:#000;font-weight:bold;box-shadow:0 MARKpx VERMILLION}
 i{font-style:normal;color:#aaa}
 .sp{color:PURPLE;border:1px solid PURPLE;border-radius:3px;font-size:11px;padding:0 2px}
 tr.dropped .sp{color:#bbb;border-color:#ccc}
+.example{border-top:1px solid #ccc;margin-top:12px;padding-top:8px}
+summary{cursor:pointer;font-size:14px}
+.note{font-size:13px;margin:4px 0;color:#444}
+table.ex{width:auto;table-layout:auto;margin-top:4px}
+.ex th,.ex td{width:auto;padding:1px 8px;text-align:right;font-variant-numeric:tabular-nums}
 """.replace("VERMILLION", VERMILLION).replace("PURPLE", PURPLE).replace("MARK", str(MARK))
 # the score's shades, lightest to darkest: k0/d0 the lowest eighth of the step's scores .. k7/d7
 # the highest; a fork's class is the same with an f (k5f)
@@ -670,6 +699,57 @@ def _why_kept(g, record):
             f'{html.escape(what)}</p>')
 
 
+def worked_example(groups=4, group_size=8, keep=4):
+    """Ties in cross selection, worked by d3s itself: `groups` identical groups, the first of each
+    group's group_size rollouts right, and select_samples(..., "cross") keeping `keep` of them
+    (rho_s = keep / B). -> {"rewards", "adv", "kept": the rows kept, "mean" and "var": the kept
+    A's mean and variance, "var_all": all A's, "group_size"}."""
+    import torch  # here: `import plots` needs no torch
+    import d3s
+    rewards = torch.zeros(groups * group_size)
+    rewards[::group_size] = 1.0  # (B,) one right answer per group, the group's first
+    adv = d3s.group_advantages(rewards, group_size)
+    idx, kept = d3s.select_samples(rewards, adv, group_size, keep / len(rewards), "cross")
+    return {"rewards": rewards.tolist(), "adv": adv.tolist(), "kept": idx.tolist(),
+            "mean": kept.mean().item(), "var": d3s.population_variance(kept),
+            "var_all": d3s.population_variance(adv), "group_size": group_size}
+
+
+def _example_html(ex):
+    """worked_example() as a section of the page, closed until clicked: each group a row of its
+    rollouts (reward · A), those dropped struck through, then what was kept and why."""
+    G, B, kept = ex["group_size"], len(ex["rewards"]), ex["kept"]
+    rows = []
+    for g in range(B // G):
+        cells = [f"{ex['rewards'][b]:g} · {ex['adv'][b]:+.2f}" for b in range(g * G, (g + 1) * G)]
+        rows.append(f"<tr><th>group {g}</th>" + "".join(
+            f"<td><b>{c}</b></td>" if g * G + j in kept else f'<td><span class="gone">{c}</span>'
+            f"</td>" for j, c in enumerate(cells)) + "</tr>")
+    right = [b for b in kept if ex["rewards"][b] > 0]
+    which = ", ".join(f"group {b // G}'s rollout {b % G} ({'right' if b in right else 'wrong'}, "
+                      f"A {ex['adv'][b]:+.2f})" for b in kept)
+    alone = [b // G for b in right if not any(k // G == b // G for k in kept if k not in right)]
+    text = (f"{B // G} identical groups, one right answer of {G} in each, and cross selection "
+            f"keeping {len(kept)} of {B} (ρs = {len(kept)}/{B}): the {len(kept)} whose A have the "
+            f"largest variance, {ex['var']:.2f} (all {B}: {ex['var_all']:.2f}), are {len(right)} "
+            f"right and {len(kept) - len(right)} wrong. Every right rollout has the same A, and "
+            f"every wrong one, so which of them are kept falls to the tie-break: "
+            f"d3s.select_samples keeps {which}.")
+    if alone:
+        many = len(alone) > 1
+        text += (f" The right answer{'s of groups' if many else ' of group'} "
+                 f"{' and '.join(map(str, alone))} {'are' if many else 'is'} trained without "
+                 f"any of {'their' if many else 'its'} group's wrong ones.")
+    text += f" The kept A average {ex['mean']:+.2f}" + (
+        ", not 0: the kept rollouts' loss is not centred on the groups' baseline."
+        if abs(ex["mean"]) > 1e-6 else ", centred as the groups' are.")
+    return ('<details class="example"><summary><b>A worked example: ties in cross selection</b> '
+            '(computed by d3s.py when this page was written)</summary><p class="note">'
+            f'{html.escape(text)}</p><table class="ex"><tr><th>reward · A</th>'
+            + "".join(f"<th>{j}</th>" for j in range(G)) + "</tr>" + "".join(rows)
+            + "</table></details>")
+
+
 def selection_html(record, links=()):
     """The page of one step's record, as a string: a pure function of the record. links: (label,
     href) pairs for a line of links to other steps' pages."""
@@ -719,7 +799,7 @@ def selection_html(record, links=()):
         parts.append(f'<p class="rule"><b>Rollouts kept</b> (sample selection, {e(str(sample))}): '
                      f'{e(rule("sample", sample))}<br><b>Tokens trained</b> '
                      f'(token selection, {e(str(token))}): '
-                     f'{e(rule("token", token))}</p>')
+                     f'{e(rule("token", token, scored=bool(record["score"])))}</p>')
 
     # the legend: each mark that can appear in the rows below, styled by the rules that style them
     shade = (5, 2) if record["score"] else ("", "")
@@ -737,8 +817,13 @@ def selection_html(record, links=()):
     legend += ["<i>·</i> space <i>↵</i> newline", '<span class="sp">special</span>']
     if record["score"] and record["score_cut"] is not None:
         shades = "".join(f"<u class=d{b}>&nbsp;</u>" for b in range(BINS))
-        legend.insert(2, f"score {e(record['score'])}: low {shades} high (by eighths; trained from "
-                         f"{record['score_cut']:.3g} up)")
+        cut, tie = record["score_cut"], record.get("score_tie")  # none: a record of before
+        trained = f"trained from {cut:.3g} up"
+        if tie and tie[0] < tie[1]:  # the cut split a tie: "from 0 up" would claim them all
+            trained = (f"trained: every token above {cut:.3g}, and {tie[0]} of the {tie[1]} at "
+                       f"{cut:.3g}, a tie broken any way")
+        legend.insert(2, f"score {e(record['score'])}: low {shades} high (by eighths; "
+                         f"{e(trained)})")
     parts.append('<p class="legend">' + " ".join(f'<span class="key">{x}</span>' for x in legend)
                  + "</p>")
     hover = "; hover a token for its score" if record["score"] else ""
@@ -756,6 +841,8 @@ def selection_html(record, links=()):
                      '<th>sample</th><th>trained</th><th>tokens</th></tr>')
         parts += [_rollout_row(r, record) for r in g["rollouts"]]
         parts.append("</table></div>")
+    if record["sample_mode"] == "cross":  # how it breaks ties, seen where it acts
+        parts.append(_example_html(worked_example()))
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

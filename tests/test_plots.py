@@ -8,6 +8,7 @@ update, each token share named by its denominator, the seconds above) and the co
 import dataclasses
 import html
 import html.parser
+import itertools
 import json
 import math
 import os
@@ -272,7 +273,7 @@ def test_every_tag_in_the_escaped_page_is_ours(tokenizer):
     page = Page(text)
     assert set(page.tags) <= {"html", "head", "meta", "title", "style", "body", "h1", "small",
                               "div", "b", "p", "span", "u", "i", "br", "h2", "code", "table", "tr",
-                              "th", "td"}
+                              "th", "td", "details", "summary"}
     assert len(page.rows) == 4 and [len(r["spans"]) for r in page.rows.values()] == [2, 2, 2, 3]
 
 
@@ -344,14 +345,33 @@ def test_every_mode_has_d3s_words_on_the_page(d3s_step):
             assert words.split(",")[0].replace("rho_", "ρ").replace("|A| * H", "|A|·H")[1:] \
                 in rule, (level, mode, rule)
             assert "?" not in rule
-    assert set(plots.SCORE_NAMES) == set(d3s.TOKEN_MODES) - {"none"}
+    # the shading's name, from the same words
+    assert plots.score_name("adv_entropy") == "|A|·H" and plots.score_name("entropy") == "entropy H"
 
 
-def test_a_mode_added_to_d3s_is_described_by_its_own_words(d3s_step, monkeypatch):
-    """A token mode added to d3s.py shows its words from there, not a bare "?"."""
-    monkeypatch.setitem(d3s.TOKEN_MODES, "new_mode", "the tokens a new rule keeps")
-    page = plots.selection_html(dict(d3s_step[-1], token_mode="new_mode"))
+def test_a_mode_added_to_d3s_is_described_by_its_own_words(tokenizer, d3s_step, monkeypatch):
+    """A token mode added to d3s.py (here: the top |A|, every token of a rollout scored alike) shows
+    its words from there, its score named by them and shaded, never "nothing is scored"; one whose
+    step has no scores says that nothing is."""
+    monkeypatch.setitem(d3s.TOKEN_MODES, "abs_adv",
+                        "the share rho_t with the highest |A|, pooled over the step")
+    rollouts, rewards, adv, idx, _, _, record = d3s_step
+    valid = rollouts.completion_mask[idx]
+    scores = adv[idx].abs()[:, None].expand(valid.shape).clone()  # (N, T) |A| at every token
+    token_mask = d3s.select_tokens(scores, valid, 0.3)
+    stats = dict(record["stats"], token_mode="abs_adv", tokens=int(token_mask.sum()))
+    new = plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx,
+                                 token_mask, scores, stats)
+    assert new["token_mode"] == "abs_adv" and new["score"] == "|A|"
+    page = html.unescape(plots.selection_html(new))
     rule = page.split('<p class="rule">')[1].split("</p>")[0]
+    assert "The share ρt with the highest |A|, pooled over the step." in rule, rule
+    assert "nothing is scored" not in page and "score |A|: low" in page
+    assert all(mark(s[0])[1] is not None for row in Page(plots.selection_html(new)).rows.values()
+               if row["class"] == "kept" for s in row["spans"])  # every kept token shaded
+    monkeypatch.setitem(d3s.TOKEN_MODES, "new_mode", "the tokens a new rule keeps")
+    unscored = dict(record, token_mode="new_mode", score=None)
+    rule = plots.selection_html(unscored).split('<p class="rule">')[1].split("</p>")[0]
     assert "The tokens a new rule keeps: nothing is scored or shaded." in rule, rule
 
 
@@ -415,7 +435,7 @@ def test_page_stays_small_for_a_real_model_step(tokenizer):
     stats["step"] = 100
     record = plots.selection_record(tokenizer, rollouts, ["q"] * 4, ["a"] * 4, rewards, adv, idx,
                                     token_mask, scores, stats)
-    assert record["score"] == "H"  # the 80/20 method scores by entropy alone
+    assert record["score"] == "entropy H"  # the 80/20 method scores by entropy alone
     page = plots.selection_html(record)
     size_json = len(json.dumps(record, separators=(",", ":")).encode())
     assert sum(len(r["tokens"]) for g in record["groups"] for r in g["rollouts"]) == 4 * 8 * 512
@@ -495,6 +515,57 @@ def test_the_legend_names_the_three_states(d3s_step):
     assert "dropped rollout (sample selection: it never reaches the model)" in keys
     page = Page(plots.selection_html(d3s_step[-1]))
     assert {r["class"] for r in page.rows.values()} == {"kept", "dropped"}
+
+
+def test_the_legend_says_the_real_cut_when_it_splits_a_tie(tokenizer, d3s_step):
+    """rho_s 0.75 keeps 12 of the 16 rollouts: the 8 of the mixed groups and 4 with A = 0, whose
+    tokens all score |A|·H = 0. rho_t 0.9 trains more tokens than the mixed rollouts have, so the
+    cut is 0 and only some of the tokens at 0 are trained: the legend counts them (by brute force
+    here, over the step), where "trained from 0 up" claimed them all. Without a split tie it reads
+    as before."""
+    rollouts = make_rollouts(tokenizer, TEXTS, cut={15})
+    rewards = torch.tensor(REWARDS, dtype=torch.float)
+    adv = d3s.group_advantages(rewards, G)
+    idx, adv_kept = d3s.select_samples(rewards, adv, G, 0.75, "cross")
+    valid = rollouts.completion_mask[idx]
+    scores = d3s.token_scores(adv_kept, rollouts.entropy[idx], "adv_entropy")
+    token_mask = d3s.select_tokens(scores, valid, 0.9)
+    stats = stats_of(rollouts, rewards, adv, idx, token_mask, "d3s", 0.75, 0.9)
+    record = plots.selection_record(tokenizer, rollouts, QUESTIONS, ANSWERS, rewards, adv, idx,
+                                    token_mask, scores, stats)
+    zero = valid & (scores == 0)
+    trained, tied = int((zero & token_mask).sum()), int(zero.sum())
+    assert len(idx) == 12 and record["score_cut"] == 0 and 0 < trained < tied
+    assert record["score_tie"] == [trained, tied]
+    keys = legend_keys(plots.selection_html(record))
+    assert any(f"(by eighths; trained: every token above 0, and {trained} of the {tied} at 0, a "
+               "tie broken any way)" in k for k in keys), keys
+    assert not any("trained from 0 up" in k for k in keys)
+    record = d3s_step[-1]  # the lowest score trained is a token of its own
+    assert record["score_cut"] > 0 and record["score_tie"] == [1, 1]
+    assert any(f"trained from {record['score_cut']:.3g} up)" in k
+               for k in legend_keys(plots.selection_html(record)))
+
+
+def test_the_worked_example_is_d3s_own_selection(d3s_step):
+    """Four identical groups, one right of 8 each (A = 0.875 / sqrt(1/8) = +2.47 right, -0.125 /
+    sqrt(1/8) = -0.35 wrong), 4 of 32 kept: the largest variance keeps two of each (2.00, against
+    1.5 for one and three; every 4-subset tried); equal A fall to the tie-break, which keeps group
+    0's first two wrong rollouts and the right ones of groups 2 and 3, so the kept A average
+    (2 * 0.875 - 2 * 0.125) / 4 / sqrt(1/8) = +1.06."""
+    ex = plots.worked_example()
+    adv = np.array(ex["adv"])
+    best = max(np.var(adv[list(c)]) for c in itertools.combinations(range(32), 4))
+    assert ex["var"] == pytest.approx(best, abs=1e-5) == pytest.approx(2.0, abs=1e-4)
+    assert ex["kept"] == [1, 2, 16, 24]
+    assert ex["mean"] == pytest.approx((2 * 0.875 - 2 * 0.125) / 4 / math.sqrt(1 / 8), abs=1e-4)
+    page = html.unescape(plots.selection_html(d3s_step[-1]))
+    assert ("d3s.select_samples keeps group 0's rollout 1 (wrong, A -0.35), group 0's rollout 2 "
+            "(wrong, A -0.35), group 2's rollout 0 (right, A +2.47), group 3's rollout 0 (right, "
+            "A +2.47). The right answers of groups 2 and 3 are trained without any of their "
+            "group's wrong ones. The kept A average +1.06, not 0") in page
+    assert page.count("<b>1 · +2.47</b>") == 2 and page.count("<b>0 · -0.35</b>") == 2
+    assert "worked example" not in plots.selection_html(dict(d3s_step[-1], sample_mode="intra"))
 
 
 def test_grpo_a0_group_says_its_tokens_add_nothing(tokenizer):

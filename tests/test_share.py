@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 import share  # noqa: E402
+from experiments import budget  # noqa: E402  the module share.py prices devices with
 
 
 def run(folder, method, seed, accs, every, t_gen, t_upd, name=None, tokens=0):
@@ -20,7 +21,9 @@ def run(folder, method, seed, accs, every, t_gen, t_upd, name=None, tokens=0):
                         for i in range(n)]}
     out = folder / "runs" / f"{name or method}-seed{seed}"
     out.mkdir(parents=True)
-    (out / "result.json").write_text(json.dumps({"config": {"steps": n}, "result": result}))
+    config = {"steps": n, "method": method, "s_init": 0.25, "s_final": 0.75, "t_init": 0.2,
+              "t_final": 0.6}  # train.py's schedule
+    (out / "result.json").write_text(json.dumps({"config": config, "result": result}))
 
 
 def folder(tmp_path, seeds=(0, 1)):
@@ -122,8 +125,137 @@ def test_the_speed_up_at_any_share_asked_for(tmp_path, capsys):
     steps, nearest its 8-step runs: 4a + 12 = 20 s against 7a + 7 = 21, 0.95x."""
     assert share.main([str(folder(tmp_path)), "--at", "0.4", "--gpu", ""]) == 0
     printed = capsys.readouterr().out
-    assert "| x sooner at f = 0.4 | faster than GRPO below f |" in printed
+    assert "| x sooner at f = 0.4, projected | faster than GRPO below f |" in printed
+    assert "At another share f the update keeps this CPU's ratio to GRPO's: projected" in printed
     assert "| d3s | 4 steps: not reached; 8 steps: 7.0 (7.0 + 7.0) | 1.14x [1.14, 1.14] | 0.95x" \
         in printed
     assert share.main([str(tmp_path), "--at", "0.4,1.5"]) == 2
     assert "--at 0.4,1.5: each share must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_a_device_prices_the_update_with_its_own_ratio(tmp_path, capsys):
+    """The folder above on a device where generation is half of GRPO's step (f = 0.5), GRPO's
+    budget 4 of its steps. d3s's update 0.25 of GRPO's there (a step costs 0.5 + 0.5 * 0.25 =
+    0.625): the budget affords it 6.4 steps, nearest its 8-step runs, whose 7 steps to the target
+    cost 4.375: 4 / 4.375 = 0.91x. On this CPU its update is 1/3 of GRPO's, which would give
+    4 / (7 * 2/3) = 0.86x. grpo-filter has no ratio there: this CPU's 2/3, projected (4 steps of
+    0.5 + 1/3: 4 / 3.33 = 1.2x)."""
+    dev = "dev:share=0.5,d3s=0.25"
+    r = share.analyse(share.load(folder(tmp_path)), devices=budget.devices(dev))
+    on = r["devices"]["dev"]
+    assert on["share"] == 0.5 and on["budget_steps"] == 4
+    d3s = on["methods"]["d3s"]
+    assert d3s["afford"] == pytest.approx(6.4) and d3s["run"] == 8 and not d3s["projection"]
+    assert d3s["runs"]["4"] is None and d3s["runs"]["8"]["cost"] == pytest.approx(4.375)
+    assert d3s["x"][0] == pytest.approx(4 / 4.375) and d3s["priced_by"] == "dev's 0.25"
+    flt = on["methods"]["grpo-filter"]
+    assert flt["projection"] and flt["x"][0] == pytest.approx(1.2) and "projection" in \
+        flt["priced_by"]
+    assert on["methods"]["grpo"]["x"][0] == 1.0 and on["methods"]["d3s-random"]["x"][0] == 0.0
+    assert share.main([str(tmp_path), "--device", dev, "--gpu", "", "--out",
+                       str(tmp_path / "s.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "On dev: generation 0.500 of GRPO's step (given on the command line)" in printed
+    assert ("| d3s | dev's 0.25 | 6.4 steps | 4 steps: not reached; 8 steps: 7.0 (4.4, 0.91x) | "
+            "0.91x [0.91, 0.91] (8 steps) |") in printed
+    assert "| grpo-filter | this CPU's ratio (t_upd over GRPO's), a projection: dev has none" \
+        in printed and "1.20x [1.20, 1.20] (4 steps), projected |" in printed
+
+
+def test_a_device_ratio_by_rho_follows_each_runs_schedule(tmp_path):
+    """d3s's update 0.2 of GRPO's at rho_s 0.25 and 0.6 at 0.75: over an 8-step run rho_s goes
+    0.25 + 0.5 i / 7, its ratio 0.2 + 0.4 i / 7; its first 7 steps sum to 1.4 + 0.4 * 21 / 7 = 2.6,
+    so at f = 0.5 they cost 3.5 + 1.3 = 4.8: 4 / 4.8 = 0.83x. A run of n >= 2 steps averages 0.4,
+    0.7 n in all: GRPO's 4 steps afford 5.7, nearer the 4-step runs, which never get there."""
+    dev = budget.devices("dev:share=0.5,d3s@0.25=0.2,d3s@0.75=0.6")
+    r = share.analyse(share.load(folder(tmp_path)), devices=dev)
+    d3s = r["devices"]["dev"]["methods"]["d3s"]
+    assert d3s["runs"]["8"]["cost"] == pytest.approx(4.8) and d3s["runs"]["8"]["x"] == \
+        pytest.approx(4 / 4.8)
+    assert d3s["afford"] == pytest.approx(4 / 0.7) and d3s["run"] == 4 and d3s["x"][0] == 0.0
+    assert d3s["priced_by"] == "dev's 0.2 at ρs 0.25, 0.6 at ρs 0.75"
+
+
+def rerun(tmp_path, reached_at=66.2, steps=73):
+    """study.md's rerun with the loop in tiny, reduced to what the speed-up reads: GRPO's 60-step
+    runs end at the target, 0.5; D3S's 60-step runs never get there, its runs of `steps` steps
+    reach it at step `reached_at` (evaluations at 0, 65 and 70: 0.44, then 0.69 at 70, so 66.2
+    by interpolation; the seconds this CPU's, not used on a device with D3S's ratio)."""
+    up = (0.5 - 0.44) / (reached_at - 65) * 5 + 0.44
+    for s in (0, 1):
+        run(tmp_path, "grpo", s, [0.2, 0.5], 60, 0.25, 0.75)
+        run(tmp_path, "d3s", s, [0.2, 0.3], 60, 0.25, 0.4)
+        runs = tmp_path / "runs" / f"d3s-budget-seed{s}"
+        runs.mkdir(parents=True)
+        result = {"method": "d3s", "seed": s, "error": None,
+                  "history": [{"step": k, "tokens": 0, "accuracy": a}
+                              for k, a in ((0, 0.2), (65, 0.44), (70, up), (steps, up))],
+                  "steps": [{"step": i, "t_gen": 0.25, "t_upd": 0.4, "fwd_bwd_tokens": 0}
+                            for i in range(steps)]}
+        config = {"steps": steps, "method": "d3s", "s_init": 0.25, "s_final": 0.75,
+                  "t_init": 0.2, "t_final": 0.6}
+        (runs / "result.json").write_text(json.dumps({"config": config, "result": result}))
+    return share.load(tmp_path)
+
+
+def test_the_h200s_own_update_prices_the_gpu_answer_at_about_1(tmp_path):
+    """experiments/speed.md's H200 (HF generate): GRPO 18.7 s a step = 12.1 generating + 6.6
+    updating (f = 12.1 / 18.7); D3S's update 2.3 s at 0.25/0.2 and 7.6 s at 0.75/0.6, a schedule
+    mean of (2.3 + 7.6) / 2 / 6.6 = 0.75 of GRPO's. A D3S step there: 12.1 + 0.75 * 6.6 = 17.05 s,
+    so GRPO's 60 steps (1122 s) afford 1122 / 17.05 = 65.8 D3S steps, where study.md's rerun
+    needed 66.2 (its 73-step runs): 1122 / (66.2 * 17.05) = 0.99x; J's first runs needed 60.1 (of
+    69): 1.10x. Priced step by step along the 73-step run's own schedule (ratio 0.348 + 0.803 i / 72
+    at step i), its 66.2 steps cost 59.47 of GRPO's: 1.01x. About 1.0 either way, where the
+    CPU's update ratio (about 0.53) gave 1.13x at f = 0.65."""
+    f = 12.1 / 18.7
+    mean = lambda n: [0.75] * n  # noqa: E731
+    assert budget.affordable(60, f, mean) == pytest.approx(1122 / 17.05) == pytest.approx(65.806,
+                                                                                          abs=1e-3)
+    h200 = budget.devices("h200-hf")[0]
+    assert h200["share"] == f and budget.ratio_at(h200["ratio"]["d3s"], 0.5) == pytest.approx(0.75)
+    config = {"method": "d3s", "s_init": 0.25, "s_final": 0.75, "t_init": 0.2, "t_final": 0.6}
+    by_rho = lambda n: budget.device_ratios(h200, "d3s", config, n)  # noqa: E731
+    assert budget.affordable(60, f, by_rho) == pytest.approx(65.806, abs=1e-3)
+    step = f + (1 - f) * 0.75  # 17.05 / 18.7 of GRPO's step
+    assert 60 / (66.2 * step) == pytest.approx(0.994, abs=5e-4)
+    assert 60 / (60.1 * step) == pytest.approx(1.095, abs=5e-4)
+    on = share.analyse(rerun(tmp_path), resamples=10,
+                       devices=budget.devices("h200:share=0.647059,d3s=0.75"))
+    d3s = on["devices"]["h200"]["methods"]["d3s"]
+    assert d3s["afford"] == pytest.approx(65.806, abs=1e-3)
+    assert d3s["runs"]["73"]["step"] == pytest.approx(66.2)
+    assert d3s["runs"]["73"]["x"] == pytest.approx(0.994, abs=5e-4)
+    # the runs nearest 65.8 steps are the 60-step ones, which never get there: "unresolved"
+    assert d3s["run"] == 60 and d3s["x"][0] == 0.0
+    own = share.analyse(rerun(tmp_path / "own"), resamples=10, devices=[h200])
+    assert own["devices"]["h200-hf"]["methods"]["d3s"]["runs"]["73"]["cost"] == \
+        pytest.approx(59.473, abs=1e-3)
+    assert own["devices"]["h200-hf"]["methods"]["d3s"]["runs"]["73"]["x"] == \
+        pytest.approx(1.0089, abs=1e-4)
+
+
+def test_a_device_from_gpu_checks_summary(tmp_path, capsys):
+    """gpu_check's summary.json, as its compare part writes it: GRPO's steady generation share, and
+    D3S's update over GRPO's at each fixed ratio. Unfinished, it is one line and exit code 2."""
+    summary = {"card": {"name": "NVIDIA H200"}, "dry_run": False,
+               "runs": {"grpo": {"status": "done", "command": "python train.py --method grpo",
+                                 "steady_median": {"generation_share": 0.4}}},
+               "parts": {"compare": {"status": "done", "micro_batch_size": 16, "rows": {
+                   "grpo": {"update_s": 6.0, "update_over_grpo": 1.0},
+                   "d3s 0.25/0.2": {"update_s": 1.5, "update_over_grpo": 0.25},
+                   "d3s 0.75/0.6": {"update_s": 4.5, "update_over_grpo": 0.75}}}}}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    dev, = budget.devices(str(path))
+    assert dev["name"] == "NVIDIA H200 (gpu_check)" and dev["share"] == 0.4
+    assert dev["ratio"] == {"d3s": [[0.25, 0.25], [0.75, 0.75]]}
+    assert "--generation loop" in dev["source"]
+    summary["parts"]["compare"] = {"status": "not started"}
+    path.write_text(json.dumps(summary))
+    assert share.main([str(folder(tmp_path / "f")), "--device", str(path)]) == 2
+    assert "gpu_check's compare part is not started: no update ratio was measured" in \
+        capsys.readouterr().err
+    assert share.main([str(tmp_path / "f"), "--device", "dev:share=1.5"]) == 2
+    assert "device dev: share 1.5" in capsys.readouterr().err
+    assert share.main([str(tmp_path / "f"), "--device", "h100"]) == 2
+    assert "--device h100: not one of h200-hf, cpu, a file" in capsys.readouterr().err
