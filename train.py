@@ -164,17 +164,19 @@ def train(cfg, log=print, given=None):
                                          d3s.needed_columns(token_mask, adv_kept, cfg.beta, (
                                              valid if cfg.loss == "gspo" and i else None)))
                            for i, rows in enumerate(parts)]  # GSPO off-policy: s_i reads all
-            with fb:  # logp_old of mini-batches 2..K, one no-grad pass (a lower --micro_batch_size
-                old_logp, forward = run.fit("no_grad", lambda: old_logprobs(  # re-splits them)
-                    model, kept, minibatches[1:], token_mask, cfg, ctx), minibatches)
-            for i, (rows, mb) in enumerate(zip(parts, minibatches)):
-                with fb:
-                    u = run.fit("update", lambda: backward(
-                        model, kept, rows, mb, adv_kept, token_mask, old_logp if i else None, cfg,
-                        ctx, ref_model, scaler), minibatches)
-                if u is not None:  # None: nothing to learn; once a weight moves, signals wait
-                    u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"], scaler))
-                    updates.append(u)
+            if any(minibatches):  # [ours] else every term is exactly 0: no pass, no update
+                with fb:  # logp_old of mini-batches 2..K, one no-grad pass (a lower
+                    old_logp, forward = run.fit("no_grad", lambda: old_logprobs(  # micro-batch
+                        model, kept, minibatches[1:], token_mask, cfg, ctx), minibatches)  # size
+                for i, (rows, mb) in enumerate(zip(parts, minibatches)):  # re-splits them)
+                    with fb:
+                        u = run.fit("update", lambda: backward(
+                            model, kept, rows, mb, adv_kept, token_mask, old_logp if i else None,
+                            cfg, ctx, ref_model, scaler), minibatches)
+                    if u is not None:  # None: nothing to learn; once a weight moves, signals wait
+                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"],
+                                                scaler))
+                        updates.append(u)
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
 
             # log: the step line, RUN/log.jsonl (and wandb), the selection page before an evaluation
