@@ -3,7 +3,7 @@ What the update costs, method by method, on one fixed batch: train.py's own step
 for GRPO, the filter baseline and D3S at three keep ratios, side by side in one process, against
 another checkout of train.py (before a change) in the same process.
 
-    python experiments/bench_update.py --world tiny-fork                 # (a) the tiny-fork world
+    python experiments/bench_update.py --world tiny-fork                 # (a) a tiny world
     python experiments/bench_update.py --world real \
         --tokenizer ../shared/tokenizers/qwen2.5 --data ../shared/data/gsm8k/train.jsonl   # (b)
     git worktree add /tmp/before 92c92a1                                # the code before
@@ -24,8 +24,8 @@ forwarded row's prompt plus its completion up to its last trained token (the few
 forward can read and still give every trained token its log-prob, under causal attention).
 
 The worlds:
-  tiny-fork  the tiny-fork world's model (out/tiny-fork, built on first use) and P x G of its own
-             rollouts at its defaults (16 x 8, 32 new tokens), sampled once, graded by reward.score
+  tiny, tiny-fork, tiny-weak   the world's model (out/WORLD, built on first use) and P x G of its
+             own rollouts at its defaults (16 x 8, 32 new tokens), sampled once, graded
   real       a Qwen2 of Qwen2.5's tokenizer and vocabulary (151,936 tokens, tied embeddings,
              --hidden, --layers), random weights; P GSM8K prompts in the chat template, G rollouts
              each, whose lengths are the token lengths of G random GSM8K reference answers (cut at
@@ -50,8 +50,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root
 MODULES = ("train", "d3s", "rollout", "reward", "eval", "machinery")
-CONFIGS = (("grpo", 1.0, 1.0), ("grpo-filter", 1.0, 1.0), ("d3s", 0.25, 0.2), ("d3s", 0.5, 0.4),
-           ("d3s", 0.75, 0.6))
+RATIOS = "0.25/0.2,0.5/0.4,0.75/0.6"  # D3S's (rho_s, rho_t): the schedule's ends and middle
 
 # -----------------------------------------------------------------------------
 # two checkouts of train.py in one process
@@ -102,18 +101,18 @@ class Batch:
     model: str         # the folder every configuration loads
 
 
-def tiny_fork_batch(args):
-    """(a): the tiny-fork world's own rollouts at its defaults, graded."""
+def world_batch(args):
+    """(a): a tiny world's own rollouts at its defaults (tiny-fork: P x G = 16 x 8), graded."""
     import rollout
     from machinery import tiny
     from machinery.data import batch_at, format_prompt, load_problems
     from machinery.model import load_model
     from reward import score
-    folder = tiny.pretrained(os.path.join(ROOT, "out", "tiny-fork"), name="tiny-fork")
+    folder = tiny.pretrained(os.path.join(ROOT, "out", args.world), name=args.world)
     model, tok = load_model(folder, device="cpu", dtype="float32")
-    rows = batch_at(load_problems("tiny-fork", "train"), 0, args.prompts, 0)
+    rows = batch_at(load_problems(args.world, "train"), 0, args.prompts, args.seed)
     ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in rows],
-                                 args.group_size, args.max_new_tokens or 32, seed=0,
+                                 args.group_size, args.max_new_tokens or 32, seed=args.seed,
                                  record_entropy=True)
     rewards, _ = score(ro.texts, [r["answer"] for r in rows for _ in range(args.group_size)],
                        ro.truncated.tolist())
@@ -249,7 +248,8 @@ def table(results, name):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--world", default="tiny-fork", choices=("tiny-fork", "real"))
+    p.add_argument("--world", default="tiny-fork", choices=("tiny", "tiny-fork", "tiny-weak", "real"))
+    p.add_argument("--seed", type=int, default=0, help="a tiny world's prompts and samples")
     p.add_argument("--before", default="", help="another checkout's root: its train.py as well")
     p.add_argument("--tokenizer", default=os.path.join(ROOT, "..", "shared", "tokenizers",
                                                        "qwen2.5"))
@@ -262,6 +262,7 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--micro_batch_size", type=int, default=8)
+    p.add_argument("--ratios", default=RATIOS, help="D3S's rho_s/rho_t, comma-separated")
     p.add_argument("--steps", type=int, default=2, help="counted steps a run (after a warm-up)")
     p.add_argument("--rounds", type=int, default=1, help="ABBA rounds")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -271,12 +272,14 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    args.dataset = "tiny-fork" if args.world == "tiny-fork" else args.data
-    batch = (tiny_fork_batch if args.world == "tiny-fork" else real_batch)(args)
+    args.dataset = args.data if args.world == "real" else args.world
+    batch = (real_batch if args.world == "real" else world_batch)(args)
     trees = {"now": load_tree(ROOT)}
     if args.before:
         trees["before"] = load_tree(os.path.abspath(args.before))
-    order = [(t, c) for t in trees for c in CONFIGS]
+    configs = [("grpo", 1.0, 1.0), ("grpo-filter", 1.0, 1.0)] + [
+        ("d3s", *map(float, r.split("/"))) for r in args.ratios.split(",")]
+    order = [(t, c) for t in trees for c in configs]
     rows = {k: [] for k in order}
     for r in range(args.rounds):
         for t, c in (order + order[::-1]):
@@ -287,7 +290,7 @@ def main(argv=None):
     results = {}
     for t in trees:
         out = results[t] = {}
-        for c in CONFIGS:
+        for c in configs:
             rs = rows[(t, c)]
             label = c[0] if c[0] != "d3s" else f"d3s {c[1]}/{c[2]}"
             last = rs[-1]
