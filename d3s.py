@@ -12,6 +12,7 @@ paper leaves open, here and at the code.
   token_scores         step 6: s_{i,t} = |A_i| H_{i,t} (adv_entropy) or H_{i,t} (entropy, 80/20)
   select_tokens        step 6: the top round(rho_t * valid), pooled over the step; [ours] any tie;
                        random (a control): drawn uniformly, no score, d3s_token_count of them
+  needed_columns       step 7: [ours] each row forwarded up to its last kept token, none with A = 0
   keep_ratios          rho(p) = (1 - p) rho_init + p rho_final, p = step / (total_steps - 1), [ours]
                        0 in a one-step run; applied_ratios: the ratios a method really applies
   policy_loss          step 7: sum_i sum_t l_it / d_i, l = -min(w A, clip(w) A) + beta k3; [ours]
@@ -167,6 +168,16 @@ def d3s_token_count(rewards, advantages, lengths, group_size, rho_s, rho_t):
     the random controls draw, not rho_t of their own rollouts'. lengths (B,): valid tokens each."""
     idx, _ = select_samples(rewards, advantages, group_size, rho_s, "cross")
     return num_keep(rho_t, max(1, int(lengths[idx.to(lengths.device)].sum())))
+
+
+def needed_columns(token_mask, advantages, beta=0.0, seq_mask=None):
+    """[ours] How many completion columns of each row step 7's loss reads: up to its last kept token
+    (causal attention: no later token changes a kept token's log-prob), or with seq_mask its last
+    valid one (GSPO's s_i off-policy); 0, not forwarded, where every term is exactly 0 (no kept
+    token, or A = 0 with beta = 0). token_mask (N, T) bool, advantages (N,) -> (N,) long."""
+    reads = token_mask if seq_mask is None else seq_mask
+    last = (reads * torch.arange(1, reads.shape[1] + 1, device=reads.device)).amax(dim=1)
+    return last * (token_mask.any(dim=1) & ((advantages != 0) | (beta > 0)))
 
 
 def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):

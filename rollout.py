@@ -69,40 +69,43 @@ class Rollouts:
                         [self.texts[i] for i in index.tolist()],
                         None if self.entropy is None else self.entropy[index])
 
-    def piece(self, rows):
+    def piece(self, rows, columns=None):
         """(input_ids, attention_mask, completion_start, width) of the rows `rows`, cut to their own
-        span: from the first column where any of them has a real prompt token to the last column
-        where any has a completion token, so one long rollout elsewhere in the batch never widens
-        them. width is the number of completion columns kept; the completion tensors of these rows
-        are all padding beyond it. Positions come from the mask (completion_hidden), so dropping
-        all-padding columns on either side changes no value."""
+        span: from the first column where any of them has a real prompt token to the last of the
+        completion columns each needs, columns (B,) (None: its completion), later ones masked as
+        padding. Positions come from the mask (completion_hidden), so dropping all-padding
+        columns on either side changes no value."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.group.device)
-        prompt_mask, mask = self.prompt_mask[rows], self.completion_mask[rows]  # (n, P), (n, T)
+        cols = (self.lengths if columns is None else columns)[rows]  # (n,)
+        prompt_mask, width = self.prompt_mask[rows], int(cols.max()) if len(rows) else 0
         first = int(prompt_mask.any(dim=0).long().argmax())  # left padding shared by all these rows
-        width = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 0
+        mask = self.completion_mask[rows, :width] & (torch.arange(width, device=cols.device) <
+                                                     cols[:, None])  # (n, width)
         input_ids = torch.cat([self.prompt_ids[rows, first:], self.completion_ids[rows, :width]],
                               dim=1)
-        attention_mask = torch.cat([prompt_mask[:, first:], mask[:, :width].long()], dim=1)
+        attention_mask = torch.cat([prompt_mask[:, first:], mask.long()], dim=1)
         return input_ids, attention_mask, self.completion_start - first, width
 
 
 @dataclass
 class Piece:
     """A micro-batch of rollouts, cut to its own span (Rollouts.piece), for a forward pass."""
-    rows: torch.Tensor                     # (n,) indices into the rollouts
-    input_ids: torch.Tensor                # (n, L)
-    attention_mask: torch.Tensor           # (n, L)
-    start: int                             # first completion column of input_ids
-    width: int                             # completion columns: the (n, width) slice of (N, T)
-    hidden: Optional[torch.Tensor] = None  # (n, width, H) with grad, when step 5 ran this forward
+    rows: torch.Tensor            # (n,) indices into the rollouts
+    input_ids: torch.Tensor       # (n, L)
+    attention_mask: torch.Tensor  # (n, L)
+    start: int                    # first completion column of input_ids
+    width: int                    # completion columns: the (n, width) slice of (N, T)
 
 
-def micro_batches(kept, rows, size):
+def micro_batches(kept, rows, size, columns=None):
     """The rollouts `rows` of `kept` in micro-batches of at most `size`, longest first, each cut to
-    its own span, so a short rollout never pays for a long one's padding. [ours]"""
-    lengths = kept.prompt_mask[rows].sum(dim=1) + kept.completion_mask[rows].sum(dim=1)
-    order = rows[torch.argsort(lengths, descending=True, stable=True)]
-    return [Piece(r, *kept.piece(r)) for r in order.split(size)]
+    its own span, so a short rollout never pays for a long one's padding [ours]; columns (N,): each
+    row's columns to forward (d3s.needed_columns; None: all), a row with 0 left out."""
+    cols = kept.lengths if columns is None else columns
+    rows = rows[cols[rows] > 0]
+    order = rows[torch.argsort(kept.prompt_mask[rows].sum(dim=1) + cols[rows], descending=True,
+                               stable=True)]
+    return [Piece(r, *kept.piece(r, cols)) for r in order.split(size) if len(r)]
 
 
 def stop_token_ids(model, tokenizer):

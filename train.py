@@ -145,32 +145,37 @@ def train(cfg, log=print, given=None):
             # 4. sample level: the max-variance subset, not re-normalised; the rest never go on
             idx, adv_kept = d3s.select_samples(rewards, adv, G, rho_s, method["sample"], generator)
             kept, adv_kept = rollouts.select(idx.to(model.device)), adv_kept.to(model.device)
-            valid = kept.completion_mask  # (N, T)
-            token_mask, scores, updates, minibatches = torch.zeros_like(valid), None, [], []
-            if len(idx) and (cfg.beta > 0 or bool((adv_kept != 0).any())):  # [ours] else grad = 0
-                # 5. one no-grad forward of the kept rollouts: entropy for step 6, logp_old if K > 1
-                minibatches = [micro_batches(kept, rows.to(model.device), cfg.micro_batch_size)
-                               for rows in minibatch_rows(len(idx), cfg, generator)]
-                with fb:  # (a lower --micro_batch_size re-splits `minibatches` in place)
-                    old_logp, entropy = run.fit("no_grad", lambda: entropy_and_old_logp(
-                        model, kept, minibatches, cfg, ctx, method["token"]), minibatches)
+            valid, updates, forward = kept.completion_mask, [], {}  # (N, T)
+            parts = minibatch_rows(len(idx), cfg, generator)  # step 7's mini-batches, drawn first
+            # 5. the entropy H of every kept token: [ours] the sampler's, recorded at step 1 (the
+            #    same distribution), so that no forward runs for token selection alone
+            # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
+            token_mask, scores = valid, None
+            if method["token"] != "none" and len(idx):  # random: no score, a uniform draw
+                scores = d3s.token_scores(adv_kept, kept.entropy, method["token"])  # or None
+                count = None if scores is not None else d3s.d3s_token_count(  # D3S's count
+                    rewards, adv, rollouts.lengths, G, rho_s, rho_t)
+                token_mask = d3s.select_tokens(scores, valid, rho_t, generator, count)
 
-                # 6. token level: the top rho_t of |A| * H, pooled over every kept token of the step
-                token_mask = valid
-                if method["token"] != "none":  # random: no score, a uniform draw from `generator`
-                    scores = d3s.token_scores(adv_kept, entropy, method["token"])  # (N, T) or None
-                    count = None if scores is not None else d3s.d3s_token_count(  # D3S's count
-                        rewards, adv, rollouts.lengths, G, rho_s, rho_t)
-                    token_mask = d3s.select_tokens(scores, valid, rho_t, generator, count)
-
-                # 7. K updates (or ceil(N / M)), one per shuffled mini-batch; the first's ratio is 1
-                for i, mb in enumerate(minibatches):
+            # 7. K updates (or ceil(N / M)), one per mini-batch; the first's ratio is 1. [ours] Only
+            #    what the loss reads is forwarded: a row up to its last kept token (causal: later
+            #    tokens change nothing it trains), none whose every term is 0 (A = 0 and beta = 0)
+            minibatches = [micro_batches(kept, rows.to(model.device), cfg.micro_batch_size,
+                                         d3s.needed_columns(token_mask, adv_kept, cfg.beta, (
+                                             valid if cfg.loss == "gspo" and i else None)))
+                           for i, rows in enumerate(parts)]  # GSPO off-policy: s_i reads all
+            if any(minibatches):  # [ours] else every term is exactly 0: no pass, no update
+                with fb:  # logp_old of mini-batches 2..K, one no-grad pass (a lower
+                    old_logp, forward = run.fit("no_grad", lambda: old_logprobs(  # micro-batch
+                        model, kept, minibatches[1:], token_mask, cfg, ctx), minibatches)  # size
+                for i, (rows, mb) in enumerate(zip(parts, minibatches)):  # re-splits them)
                     with fb:
                         u = run.fit("update", lambda: backward(
-                            model, kept, mb, adv_kept, token_mask, old_logp if i else None, cfg,
-                            ctx, ref_model, scaler), minibatches)
+                            model, kept, rows, mb, adv_kept, token_mask, old_logp if i else None,
+                            cfg, ctx, ref_model, scaler), minibatches)
                     if u is not None:  # None: nothing to learn; once a weight moves, signals wait
-                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"], scaler))
+                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"],
+                                                scaler))
                         updates.append(u)
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
 
@@ -178,7 +183,7 @@ def train(cfg, log=print, given=None):
             row = step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats,
                               updates, rho_s=rho_s, rho_t=rho_t, t_gen=t_gen, t_fb=fb.seconds,
                               t_upd=time.time() - t0, tokens_trained=run.tokens_trained,
-                              minibatches=len(minibatches))
+                              minibatches=len(parts), forward=forward)
             run.end_step(row, selection=(rollouts, batch, rewards, adv, idx, token_mask, scores))
         return run.finish()
 
@@ -197,68 +202,52 @@ def minibatch_rows(n, cfg, generator):
     return [part for part in torch.randperm(n, generator=generator).tensor_split(k) if len(part)]
 
 
-def entropy_and_old_logp(model, kept, minibatches, cfg, ctx, token_mode):
-    """Step 5: (logp_old, entropy) of the kept rollouts' tokens, (N, T) each or None (no entropy
-    without a token score), from the policy that sampled, at step 7's arithmetic whatever the
-    memory knobs (a halving keeps step 6's tokens), in as few passes as possible:
-      K > 1                   one no-grad forward gives both, on step 7's micro-batches; logp_old
-                              only for mini-batches 2..K (the first takes logp_old = logp itself)
-      K = 1, one micro-batch  no logp_old (the ratio is 1); the entropy from the gradient forward
-                              itself, which runs now and is kept on the piece for step 7
-      K = 1, several          [ours] the entropy from a no-grad forward (not the sampler's)"""
-    select, valid, K = token_mode not in ("none", "random"), kept.completion_mask, len(minibatches)
-    parts = [p for mb in (minibatches if select else minibatches[1:]) for p in mb]
-    grad = K == 1 and len(parts) == 1  # the gradient forward of step 7, done now
-    logp, entropy = (torch.zeros(valid.shape, device=valid.device) for _ in range(2))
-    for p in parts:
-        with ctx(), torch.set_grad_enabled(grad):
+def old_logprobs(model, kept, minibatches, token_mask, cfg, ctx):
+    """logp_old (N, T) of the policy that sampled, where mini-batches 2..K (`minibatches`) read it:
+    their kept tokens (GSPO: every valid one, for s_i), in one no-grad forward at step 7's shapes.
+    -> (logp_old or None without such a mini-batch, the pass's counts)."""
+    pieces = [p for mb in minibatches for p in mb]
+    if not pieces:  # K = 1, or nothing to learn: the first mini-batch's ratio is exactly 1
+        return None, {}
+    reads = kept.completion_mask if cfg.loss == "gspo" else token_mask  # (N, T)
+    logp, counts = torch.zeros(reads.shape, device=reads.device), []
+    for p in pieces:
+        with ctx(), torch.no_grad():
             hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
-            with torch.no_grad():
-                lp, ent = head_logprobs(model, hidden, p.input_ids[:, p.start:],
-                                        valid[p.rows, :p.width], cfg.temperature, select,
-                                        cfg.logprob_chunk)
-        logp[p.rows, :p.width] = lp
-        if select:
-            entropy[p.rows, :p.width] = ent
-        if grad:
-            p.hidden = hidden
-    return (logp if K > 1 else None), (entropy if select else None)
+            logp[p.rows, :p.width] = head_logprobs(model, hidden, p.input_ids[:, p.start:],
+                                                   reads[p.rows, :p.width], cfg.temperature,
+                                                   False, cfg.logprob_chunk)[0]
+        counts.append(torch.stack([p.attention_mask.sum(), torch.tensor(p.attention_mask.numel()),
+                                   reads[p.rows, :p.width].sum()]))
+    tokens, positions, head = torch.stack(counts).sum(dim=0).tolist()
+    return logp, {"nograd_tokens": tokens, "nograd_positions": positions, "head_rows": head}
 
 
-def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None, scaler=None):
-    """Step 7 for one mini-batch (`parts`, its micro-batches): the loss summed over its kept tokens
-    over --divisor's d_i, and its gradient, micro-batch by micro-batch. old_logp None: the policy
-    that sampled (K = 1, or the first mini-batch): ratio exactly 1. -> the statistics, or None."""
-    valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
-    # [ours] no kept token with A != 0 (and beta = 0): the gradient is exactly 0, so no update
-    learn = token_mask if cfg.beta > 0 else token_mask & (adv != 0)[:, None]
-    counts = torch.stack([torch.stack([token_mask[p.rows, :p.width].sum(),
-                                       learn[p.rows, :p.width].sum()]) for p in parts])
-    counts = counts.tolist()  # [[kept, learnable] per micro-batch]: one wait for the device
-    if not any(n_learn for _, n_learn in counts):
+def backward(model, kept, rows, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=None,
+             scaler=None):
+    """Step 7 for one mini-batch, the kept rollouts `rows`: the loss summed over their kept tokens
+    over --divisor's d_i, and its gradient, forwarded micro-batch by micro-batch (`parts`: the rows
+    whose terms are not all 0, each cut after the last column the loss reads). old_logp None: the
+    policy that sampled (K = 1, or the first mini-batch): ratio exactly 1. -> statistics, or None."""
+    if not parts:  # [ours] no kept token with A != 0 (and beta = 0): the gradient is exactly 0
         return None
-    num_tokens = sum(n_keep for n_keep, _ in counts)  # this update's kept tokens
-    rows, div = torch.cat([p.rows for p in parts]), torch.ones_like(valid[:, 0], dtype=torch.long)
-    div[rows] = d3s.divisors(token_mask[rows], valid[rows], cfg.divisor)  # once for the update
+    valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
+    div = torch.ones_like(valid[:, 0], dtype=torch.long)
+    div[rows] = d3s.divisors(token_mask[rows], valid[rows], cfg.divisor)  # every row of the update
     pieces = []  # per micro-batch, as tensors: read once, after the last one
-    for p, (n_keep, _) in zip(parts, counts):
+    for p in parts:
         keep, seq = token_mask[p.rows, :p.width], valid[p.rows, :p.width]  # (n, width)
-        targets = p.input_ids[:, p.start:]
-        if n_keep == 0:
-            continue  # no kept token in this micro-batch: no loss term, no forward
+        targets, n_keep, ref_logp = p.input_ids[:, p.start:], keep.sum(), None
         with ctx():
-            hidden = p.hidden if p.hidden is not None else \
-                completion_hidden(model, p.input_ids, p.attention_mask, p.start)
-            p.hidden = None  # the graph is used once
+            hidden = completion_hidden(model, p.input_ids, p.attention_mask, p.start)
             logp, _ = head_logprobs(model, hidden, targets, keep, *head)  # the kept tokens only
-            old = logp.detach()  # the policy that sampled: logp_old = logp, exactly, on any device
+            old, heads = logp.detach(), n_keep  # the policy that sampled: logp_old = logp, exactly
             if old_logp is not None:
                 old = old_logp[p.rows, :p.width]
                 if cfg.loss == "gspo":  # s_i: the mean over every valid token; gradient: kept only
                     with torch.no_grad():
                         rest = head_logprobs(model, hidden, targets, seq & ~keep, *head)[0]
-                    logp = logp + rest
-            ref_logp = None
+                    logp, heads = logp + rest, seq.sum()
             if ref_model is not None:  # the frozen initial policy, for the k3 KL term
                 with torch.no_grad(), adapters_off(ref_model):  # LoRA: the base (model.py)
                     ref = completion_hidden(ref_model, p.input_ids, p.attention_mask, p.start)
@@ -267,18 +256,23 @@ def backward(model, kept, parts, adv, token_mask, old_logp, cfg, ctx, ref_model=
                                    eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
                                    ref_logp=ref_logp, beta=cfg.beta, seq_mask=seq)
         (scaler.scale(loss) if scaler else loss).backward()  # float16: scaled, none underflows
-        share = n_keep / num_tokens  # policy_loss's means are over its own kept tokens
-        row = (loss.detach(), st["clipped"], st["signal"], st["ratio_mean"] * share,
-               st.get("kl", loss.new_zeros(())) * share, p.attention_mask.sum(),  # compute
+        real = p.attention_mask.sum()  # the compute: prompt and completion tokens, no padding
+        row = (loss.detach(), st["clipped"], st["signal"], st["ratio_mean"] * n_keep,
+               st.get("kl", loss.new_zeros(())) * n_keep, n_keep, real, p.attention_mask.numel(),
+               heads + n_keep * (ref_logp is not None), real * (ref_logp is not None),
                st["ratio_min"], st["ratio_max"])
-        pieces.append(torch.stack([v.double() for v in row]))
-    table = torch.stack(pieces)  # (micro-batches, 8)
-    loss, clipped, signal, ratio_mean, kl, fwd_bwd, ratio_min, ratio_max = torch.cat(
-        [table[:, :6].sum(dim=0), table[:, 6].min()[None], table[:, 7].max()[None]]).tolist()
+        pieces.append(torch.stack([torch.as_tensor(v).double() for v in row]))
+    table = torch.stack(pieces)  # (micro-batches, 12)
+    (loss, clipped, signal, ratio, kl, computed, tokens, positions, heads, ref, ratio_min,
+     ratio_max, kept_tokens) = torch.cat([table[:, :10].sum(dim=0), table[:, 10].min()[None],
+                                          table[:, 11].max()[None],
+                                          token_mask[rows].sum()[None].double()]).tolist()
     return {"loss": loss, "clipped": int(clipped), "signal": int(signal),
-            "clip_frac": clipped / max(signal, 1), "ratio_mean": ratio_mean, "kl": kl,
-            "ratio_min": ratio_min, "ratio_max": ratio_max, "tokens": num_tokens,
-            "fwd_bwd_tokens": int(fwd_bwd), "on_policy": old_logp is None}
+            "clip_frac": clipped / max(signal, 1), "ratio_mean": ratio / computed,
+            "kl": kl / computed, "ratio_min": ratio_min, "ratio_max": ratio_max,
+            "tokens": int(kept_tokens), "fwd_bwd_tokens": int(tokens),
+            "fwd_bwd_positions": int(positions), "head_rows": int(heads),
+            "nograd_tokens": int(ref), "on_policy": old_logp is None}
 
 
 def make_optimizer(model, cfg):

@@ -17,7 +17,8 @@ import time
 import d3s
 
 
-def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates, **extra):
+def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, updates,
+                forward=None, **extra):
     """The step's statistics: one row of log.jsonl (and of the step line, and of wandb). `updates`
     are the mini-batches that had something to learn; `updates` in the row counts those applied as
     optimizer steps (not those with an exactly-zero or non-finite gradient: zero_grad, nonfinite;
@@ -27,6 +28,9 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
     update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update was
     skipped)."""
     valid, applied = kept.completion_mask, [u for u in updates if u["applied"]]
+    forward = forward or {}  # step 7's no-grad pass (train.old_logprobs)
+    real = forward.get("nograd_tokens", 0) + sum(u["fwd_bwd_tokens"] for u in updates)
+    positions = forward.get("nograd_positions", 0) + sum(u["fwd_bwd_positions"] for u in updates)
     n = max(sum(u["tokens"] for u in updates), 1)
     norms = [u["grad_norm"] for u in updates if math.isfinite(u["grad_norm"])]
     # the batch's first mini-batch: ratio exactly 1
@@ -39,9 +43,13 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "zero_var": (rewards.view(-1, G).std(dim=1) == 0).float().mean().item(),
         "kept": len(kept.texts), "rollouts": len(rewards),
         "tokens": sum(u["tokens"] for u in applied),  # trained: in the loss
-        # the compute: every token, prompt and completion (no padding), of each kept rollout that an
-        # update forwarded and back-propagated, summed over the updates (the step line's fwd+bwd)
+        # the compute, in tokens (prompt and completion, no padding) forwarded: with a gradient
+        # (summed over the updates; the step line's fwd+bwd), without (logp_old, the KL's reference:
+        # no-grad), and the positions the lm_head ran on (head_rows); the update's padding share
         "fwd_bwd_tokens": sum(u["fwd_bwd_tokens"] for u in updates),
+        "nograd_tokens": forward.get("nograd_tokens", 0) + sum(u["nograd_tokens"] for u in updates),
+        "head_rows": forward.get("head_rows", 0) + sum(u["head_rows"] for u in updates),
+        "upd_pad_share": 1 - real / positions if positions else None,  # None: nothing forwarded
         "valid": int(valid.sum()), "valid_all": int(rollouts.completion_mask.sum()),
         "var_adv": d3s.population_variance(adv), "var_kept": d3s.population_variance(adv_kept),
         "entropy": kept.entropy[valid].mean().item() if valid.any() else None,  # none kept
@@ -91,7 +99,7 @@ def step_line(r, K):
     entropy = "-" if r["entropy"] is None else f"{r['entropy']:.2f}"  # None: no rollout kept
     return (f"step {r['step']:4d} | reward {r['reward']:.2f} | zero-var {r['zero_var']:.2f} | "
             f"kept {r['kept']}/{r['rollouts']} | tokens {r['tokens']}/{r['valid']} | "
-            f"fwd+bwd {r['fwd_bwd_tokens']} | "
+            f"fwd+bwd {r['fwd_bwd_tokens']} no-grad {r.get('nograd_tokens', 0)} | "
             f"var(A) {r['var_adv']:.2f}->{r['var_kept']:.2f} | entropy {entropy} | "
             f"len {r['length']:.0f} | trunc {r['truncated']:.2f} | {update} | "
             f"gen {r['t_gen']:.1f}s upd {r['t_upd']:.1f}s")

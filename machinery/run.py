@@ -277,7 +277,7 @@ class Run:
             self.model.activation_checkpointing_enable()  # as train.py turns it on
         size = lower.get("micro_batch_size")
         for mb in (split or []) if size else []:  # in place: the caller's lists go on
-            mb[:] = [dataclasses.replace(p, rows=p.rows[i:i + size], hidden=None,
+            mb[:] = [dataclasses.replace(p, rows=p.rows[i:i + size],
                                          input_ids=p.input_ids[i:i + size],
                                          attention_mask=p.attention_mask[i:i + size])
                      for p in mb for i in range(0, len(p.rows), size)]

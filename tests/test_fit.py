@@ -86,18 +86,19 @@ def test_generation_halves_its_rows_even_within_a_group(tmp_path, tiny_dir, monk
 
 
 def test_a_lower_micro_batch_re_splits_every_later_mini_batch(tmp_path, tiny_dir, monkeypatch):
-    """K = 2 mini-batches of 4 rollouts each, a card that holds 2 rows in a gradient pass: the
-    first mini-batch's pass goes 4 -> 2 rows, and the second and every later step are split at 2
-    from the setting, so no pass runs out twice and the record only goes down."""
+    """K = 2 mini-batches of 4 rollouts each, 3 of the first with A != 0 (the one with A = 0 is not
+    forwarded), a card that holds 2 rows in a gradient pass: the first mini-batch's pass goes
+    3 -> 1 row, and the second and every later step are split at 1 from the setting, so no pass
+    runs out twice and the record only goes down."""
     refused = memory_of(monkeypatch, lambda m, n: n > 2 and torch.is_grad_enabled())
     lines, run_dir = run(tmp_path, "oom", tiny_dir, method="grpo", updates_per_batch=2)
     assert [(r["changed"], r["why"]) for r in recorded(run_dir)] == [
-        ({"micro_batch_size": [128, 2]}, "out of memory")]  # at the first step with an update
-    assert refused == [4]
-    assert json.load(open(run_dir / "config.json"))["micro_batch_size"] == 2
+        ({"micro_batch_size": [128, 1]}, "out of memory")]  # at the first step with an update
+    assert refused == [3]
+    assert json.load(open(run_dir / "config.json"))["micro_batch_size"] == 1
     monkeypatch.undo()
     _, smaller = run(tmp_path, "smaller", tiny_dir, method="grpo", updates_per_batch=2,
-                     micro_batch_size=2)
+                     micro_batch_size=1)
     same_run(run_dir, smaller)
 
 
@@ -345,13 +346,11 @@ def selected(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_halving_in_step_5_keeps_the_tokens_step_6_selects(tmp_path, tiny_dir, monkeypatch, dtype):
-    """K = 1: with every kept rollout in one micro-batch the entropy of token selection comes from the
-    gradient forward; out of memory there re-splits them, and the entropy must still come from a forward
-    of the policy at the same arithmetic, so the same tokens are selected. The sampler's entropy is
-    another arithmetic: under bf16 weights its logits are bf16, the head's float32 (it moved 2 of 21
-    selected tokens in step 0 here, 2 of 83 in step 1). Two steps: beyond, bf16 weights updated from
-    other micro-batches can round apart."""
+def test_a_halving_in_step_7_keeps_the_tokens_step_6_selects(tmp_path, tiny_dir, monkeypatch, dtype):
+    """Token selection reads the sampler's entropy, recorded at step 1, before any forward of the
+    update: out of memory in step 7 re-splits the micro-batches, and the same tokens are selected,
+    in float32 and under bf16 weights alike. Two steps: beyond, bf16 weights updated from other
+    micro-batches can round apart."""
     masks = selected(monkeypatch)
     refused = memory_of(monkeypatch, lambda m, n: n > 2 and torch.is_grad_enabled())
     lines, _ = run(tmp_path, "oom", tiny_dir, updates_per_batch=1, prompts_per_step=4, dtype=dtype)
@@ -385,8 +384,8 @@ def test_a_cublas_failure_is_retried_and_any_other_error_is_not(tmp_path, tiny_d
     ended the run without a checkpoint); an error that is not one goes through at once."""
     refused = memory_of(monkeypatch, lambda m, n: n > 2 and torch.is_grad_enabled(), CUBLAS)
     lines, run_dir = run(tmp_path, "cublas", tiny_dir, method="grpo", updates_per_batch=2)
-    assert refused == [4] and [(r["changed"], r["why"]) for r in recorded(run_dir)] == [
-        ({"micro_batch_size": [128, 2]}, "out of memory")]
+    assert refused == [3] and [(r["changed"], r["why"]) for r in recorded(run_dir)] == [
+        ({"micro_batch_size": [128, 1]}, "out of memory")]
     monkeypatch.undo()
     from eval import evaluate
     model, tokenizer = train.load_model(tiny_dir, device="cpu")

@@ -339,14 +339,19 @@ def test_backward_skips_a_minibatch_without_signal_unless_there_is_a_kl_term(tin
     model, tok = load_model(tiny_dir, device="cpu", dtype="float32")
     kept = generate_groups(model, tok, [format_prompt(tok, "1+2+3+4")], 4, 8, seed=0, record_entropy=True)
     adv, mask = torch.zeros(4), kept.completion_mask
-    parts = train.micro_batches(kept, torch.arange(4), 2)
-    cfg, nothing = config.resolve(train.Config(model="tiny", beta=0.1)), contextlib.nullcontext
-    assert train.backward(model, kept, parts, adv, mask, None, config.resolve(train.Config(model="tiny")),
-                          nothing) is None
-    assert train.backward(model, kept, parts, adv, torch.zeros_like(mask), None, cfg, nothing, model) is None
+    rows, cfg, nothing = torch.arange(4), config.resolve(train.Config(model="tiny", beta=0.1)), contextlib.nullcontext
+
+    def parts(token_mask, beta):  # as train.py cuts them: a row whose terms are all 0 is not forwarded
+        return train.micro_batches(kept, rows, 2, train.d3s.needed_columns(token_mask, adv, beta))
+    assert parts(mask, 0.0) == [] and parts(torch.zeros_like(mask), 0.1) == [] and len(parts(mask, 0.1)) == 2
+    assert train.backward(model, kept, rows, parts(mask, 0.0), adv, mask, None,
+                          config.resolve(train.Config(model="tiny")), nothing) is None
+    assert train.backward(model, kept, rows, parts(torch.zeros_like(mask), 0.1), adv, torch.zeros_like(mask),
+                          None, cfg, nothing, model) is None
     ref = type(model)(model.config)
     ref.load_state_dict({k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()})
-    stats = train.backward(model, kept, parts, adv, mask, None, cfg, nothing, ref.requires_grad_(False))
+    stats = train.backward(model, kept, rows, parts(mask, 0.1), adv, mask, None, cfg, nothing,
+                           ref.requires_grad_(False))
     assert stats is not None and stats["kl"] > 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
@@ -489,7 +494,7 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
     stats = dict(loss=0.1, clipped=0, signal=4, clip_frac=0.0, ratio_mean=1.0, kl=0.0, ratio_min=1.0, ratio_max=1.0,
-                 fwd_bwd_tokens=7)
+                 fwd_bwd_tokens=7, fwd_bwd_positions=8, nograd_tokens=0, head_rows=4)
     updates = [{**stats, "tokens": 4, "on_policy": True, "grad_norm": 2.0, "applied": True, "nonfinite": 0,
                 "zero_grad": 0, "scaler_skip": 0},
                {**stats, "tokens": 2, "on_policy": False, "grad_norm": 0.0, "applied": False, "nonfinite": 0,
@@ -505,10 +510,14 @@ def test_a_zero_or_nonfinite_gradient_takes_no_step_and_counts_as_none(tiny_dir,
     ro.decoded = 0
     assert (row["updates"], row["tokens"], row["zero_grad"], row["nonfinite"], row["grad_norm"]) == (1, 4, 1, 1, 1.0)
     assert row["fwd_bwd_tokens"] == 21  # the compute of all three: forwarded, applied or not
+    assert (row["head_rows"], row["nograd_tokens"], row["upd_pad_share"]) == (12, 0, pytest.approx(1 - 21 / 24))
+    forward = {"nograd_tokens": 9, "nograd_positions": 12, "head_rows": 5}  # step 7's no-grad pass
+    assert (lambda r: (r["nograd_tokens"], r["head_rows"], r["upd_pad_share"]))(
+        step_record(*args, updates, forward)) == (9, 17, pytest.approx(1 - 30 / 36))
     from machinery.logs import step_line
     line = step_line(dict(row, t_gen=0, t_upd=0, kept=4), 4)  # 4 mini-batches: one had nothing to learn
     assert "updates 1/4 (1 no signal, 1 zero grad, 1 non-finite)" in line
-    assert " | tokens 4/6 | fwd+bwd 21 | " in line  # trained / kept completion tokens; compute
+    assert " | tokens 4/6 | fwd+bwd 21 no-grad 0 | " in line  # trained / kept completion tokens; compute
     skipped = step_record(*args, [])
     assert skipped["grad_norm"] is None and skipped["no_signal"] and skipped["ratio_first"] is None
 
@@ -581,7 +590,8 @@ def test_the_steps_clip_share_is_counted_over_all_its_updates(tmp_path, tiny_dir
                   dtype=torch.long), mask, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
                   ["", ""], torch.zeros(2, 3))
     base = dict(loss=0.1, ratio_mean=1.0, kl=0.0, ratio_min=0.5, ratio_max=1.5, on_policy=False, grad_norm=1.0,
-                applied=True, nonfinite=0, zero_grad=0, fwd_bwd_tokens=0, scaler_skip=0)
+                applied=True, nonfinite=0, zero_grad=0, fwd_bwd_tokens=0, fwd_bwd_positions=0,
+                nograd_tokens=0, head_rows=0, scaler_skip=0)
     updates = [dict(base, tokens=100, clipped=1, signal=10, clip_frac=0.1),
                dict(base, tokens=10, clipped=3, signal=10, clip_frac=0.3)]
     row = step_record(0, 2, ro, torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), ro, torch.tensor([0.7, -0.7]),
@@ -674,7 +684,8 @@ def test_the_kl_reference_under_lora_is_the_base_with_no_second_copy(tiny_dir):
     got = []
     for ref in (policy, base):
         parts = train.micro_batches(kept, torch.arange(4), 2)
-        stats = train.backward(policy, kept, parts, adv, mask, None, cfg, contextlib.nullcontext, ref)
+        stats = train.backward(policy, kept, torch.arange(4), parts, adv, mask, None, cfg,
+                               contextlib.nullcontext, ref)
         got.append((stats, {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}))
         policy.zero_grad(set_to_none=True)
     (mine, grads), (theirs, want) = got

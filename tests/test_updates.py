@@ -34,22 +34,24 @@ def token_logprobs(model, kept, with_entropy=True):
     return rollout.head_logprobs(model, hidden, kept.input_ids[:, kept.completion_start:], None, 1.0, with_entropy)
 
 
-def old_logprobs(model, kept, parts, cfg, with_entropy):
-    """train.py's step 5 at K > 1: logp_old (and the entropy) from one no-grad pass over the micro-batches,
-    here those of a second mini-batch (the first takes logp_old = logp itself, and the pass skips it)."""
-    assert cfg.updates_per_batch > 1
-    return train.entropy_and_old_logp(model, kept, [[], parts], cfg, no_precision,
-                                      "adv_entropy" if with_entropy else "none")
+def old_logprobs(model, kept, parts, cfg, token_mask=None):
+    """train.py's no-grad pass at K > 1: logp_old of a second mini-batch's micro-batches `parts`
+    (the first takes logp_old = logp itself, and the pass skips it), where the loss reads it."""
+    token_mask = kept.completion_mask if token_mask is None else token_mask
+    return train.old_logprobs(model, kept, [parts], token_mask, cfg, no_precision)[0]
 
 
 # ----------------------------------------------------------------------------- K = 1 is the plain step
 
 
 def test_k1_step_equals_the_plain_full_width_step(tmp_path, tiny_dir):
-    """train.py's first step with K = 1, against the code path it replaced, written out by hand: the
-    same rollouts (same seed), one full-width forward of the kept rollouts with grad, the entropy
-    from it, pooled token selection, logp_old = logp.detach(), one AdamW step."""
-    cfg = train.Config(model=tiny_dir, out_dir=str(tmp_path / "run"), method="d3s", **{**SMALL, "steps": 1})
+    """train.py's first step with K = 1, against the plain computation written out by hand: the same
+    rollouts (same seed), one full-width forward of every kept rollout with grad, token selection on
+    the sampler's entropy pooled over the step, logp_old = logp.detach(), one step. SGD at lr 1, so
+    the weights after it are the clipped gradient itself (AdamW's first step, lr * g / (|g| + eps),
+    would turn a gradient within rounding of 0 into a sizable move)."""
+    cfg = train.Config(model=tiny_dir, out_dir=str(tmp_path / "run"), method="d3s",
+                       **{**SMALL, "steps": 1, "optimizer": "sgd", "lr": 1.0})
     train.train(cfg, log=lambda *a: None)
     log = rows(tmp_path / "run")[0]
 
@@ -57,25 +59,26 @@ def test_k1_step_equals_the_plain_full_width_step(tmp_path, tiny_dir):
     model.train()
     batch = train.batch_at(load_problems("tiny", "train"), 0, 4, 0)
     # train.py's sampling seed for step 0 of --seed 0: seed * 1_000_003 + step
-    ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in batch], 4, 32, seed=0)
+    ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in batch], 4, 32, seed=0,
+                                 record_entropy=True)
     rewards = torch.tensor(score(ro.texts, [r["answer"] for r in batch for _ in range(4)])[0])
     adv = d3s.group_advantages(rewards, 4)
     rho_s, rho_t = d3s.keep_ratios(0, 1, "linear", 0.25, 0.75, 0.2, 0.6)
     idx, adv_kept = d3s.select_samples(rewards, adv, 4, rho_s, "cross")
     kept = ro.select(idx)
-    logp, entropy = token_logprobs(model, kept)
-    mask = d3s.select_tokens(d3s.token_scores(adv_kept, entropy, "adv_entropy"), kept.completion_mask, rho_t)
+    logp, _ = token_logprobs(model, kept, with_entropy=False)
+    mask = d3s.select_tokens(d3s.token_scores(adv_kept, kept.entropy, "adv_entropy"), kept.completion_mask, rho_t)
     loss, _ = d3s.policy_loss(logp, logp.detach(), adv_kept, mask, int(mask.sum()), seq_mask=kept.completion_mask)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True).step()  # train.py's optimizer
+    torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9, fused=True).step()  # train.py's optimizer
 
     assert (log["kept"], log["tokens"], log["valid"]) == (len(idx), int(mask.sum()), int(kept.completion_mask.sum()))
     assert log["loss"] == pytest.approx(loss.item(), abs=1e-6)
     assert log["grad_norm"] == pytest.approx(grad_norm.item(), rel=1e-4)
     assert (log["updates"], log["ratio"], log["clip_frac"]) == (1, pytest.approx(1.0), 0.0)
     after, ref = weights(tmp_path / "run" / "checkpoint"), model.state_dict()
-    for k in ref:  # float reassociation only: the span cut and the lm_head on the kept tokens
+    for k in ref:  # float reassociation only: the cuts, and the lm_head on the kept tokens
         torch.testing.assert_close(after[k], ref[k], atol=2e-6, rtol=0)
 
 
@@ -135,10 +138,13 @@ def reference_grads(model, kept, adv, token_mask, old_logp=None, loss="grpo", ep
 
 
 def train_grads(model, kept, adv, token_mask, size, old_logp=None, loss="grpo", divisor="kept"):
+    """train.backward as train.py calls it: each row cut after the last column the loss reads."""
     model.zero_grad(set_to_none=True)
-    parts = train.micro_batches(kept, torch.arange(len(kept.texts)), size)
+    reads = kept.completion_mask if loss == "gspo" and old_logp is not None else None
+    rows = torch.arange(len(kept.texts))
+    parts = train.micro_batches(kept, rows, size, d3s.needed_columns(token_mask, adv, 0.0, reads))
     cfg = cfg_for(loss=loss, divisor=divisor)
-    stats = train.backward(model, kept, parts, adv, token_mask, old_logp, cfg, no_precision)
+    stats = train.backward(model, kept, rows, parts, adv, token_mask, old_logp, cfg, no_precision)
     g = grads(model)
     model.zero_grad(set_to_none=True)
     return stats["loss"], g
@@ -200,10 +206,10 @@ def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup,
     model, kept, adv = setup
     cfg = cfg_for()
     parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 5)
-    old_logp, entropy = old_logprobs(model, kept, parts, cfg, True)
+    old_logp = old_logprobs(model, kept, parts, cfg)
     torch.manual_seed(0)
     old_logp = old_logp + 0.05 * torch.randn_like(old_logp)  # a policy that has moved a little
-    token_mask = d3s.select_tokens(d3s.token_scores(adv, entropy, "adv_entropy"), kept.completion_mask, 0.4)
+    token_mask = d3s.select_tokens(d3s.token_scores(adv, kept.entropy, "adv_entropy"), kept.completion_mask, 0.4)
     for loss in ("grpo", "gspo"):
         eps = (0.2, 0.2) if loss == "grpo" else (3e-4, 4e-4)
         ref_loss, ref = reference_grads(model, kept, adv, token_mask, old_logp, loss, eps, divisor)
@@ -213,16 +219,29 @@ def test_micro_batch_size_does_not_change_the_gradient_with_an_old_policy(setup,
             assert_same(g, ref)
 
 
-def test_old_logprobs_are_the_plain_forward(setup):
-    model, kept, _ = setup
-    parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 4)
-    logp, ent = old_logprobs(model, kept, parts, cfg_for(), True)
-    with torch.no_grad():
-        ref_logp, ref_ent = token_logprobs(model, kept)
+@pytest.mark.parametrize("loss", ["grpo", "gspo"])
+def test_old_logprobs_are_the_plain_forward_where_the_loss_reads_them(setup, loss):
+    """logp_old from the no-grad pass, on cut micro-batches: the plain forward's at every token the
+    loss reads (GRPO: the kept ones; GSPO: every valid one, for s_i), 0 elsewhere; counted."""
+    model, kept, adv = setup
     valid = kept.completion_mask
-    torch.testing.assert_close(logp[valid], ref_logp[valid], atol=1e-5, rtol=0)
-    torch.testing.assert_close(ent[valid], ref_ent[valid], atol=1e-5, rtol=0)
-    assert (logp[~valid] == 0).all() and (ent[~valid] == 0).all()
+    token_mask = valid & (torch.arange(valid.shape[1]) % 3 == 1)
+    token_mask[3] = False  # a row with no kept token: not forwarded
+    cfg = cfg_for(loss=loss)
+    reads = valid if loss == "gspo" else token_mask
+    cols = d3s.needed_columns(token_mask, adv, 0.0, valid if loss == "gspo" else None)
+    parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 4, cols)
+    logp, counts = train.old_logprobs(model, kept, [parts], token_mask, cfg, no_precision)
+    with torch.no_grad():
+        ref, _ = token_logprobs(model, kept, with_entropy=False)
+    live = reads & (cols > 0)[:, None]  # adv[8] is 0 and row 3 keeps nothing: neither is read
+    assert not live[8].any() and not live[3].any() and live.sum() < reads.sum()
+    torch.testing.assert_close(logp[live], ref[live], atol=1e-5, rtol=0)
+    assert (logp[~live] == 0).all()
+    prompts = kept.prompt_mask.sum(dim=1)
+    assert counts["nograd_tokens"] == int((prompts + cols)[cols > 0].sum())  # up to each row's cut
+    assert counts["head_rows"] == int(live.sum())
+    assert counts["nograd_positions"] == sum(p.attention_mask.numel() for p in parts)
 
 
 # ----------------------------------------------------------------------------- K > 1: the ratio and the clip
@@ -263,10 +282,11 @@ def test_second_update_moves_the_ratio_and_the_clip_zeroes_gradients(setup):
     model = type(model)(model.config)
     model.load_state_dict(setup[0].state_dict())
     cfg = cfg_for(lr=1e-2)
-    parts = train.micro_batches(kept, torch.arange(len(kept.texts)), 100)
-    old_logp, _ = old_logprobs(model, kept, parts, cfg, False)
+    rows = torch.arange(len(kept.texts))
+    parts = train.micro_batches(kept, rows, 100, d3s.needed_columns(kept.completion_mask, adv))
+    old_logp = old_logprobs(model, kept, parts, cfg)
     token_mask = kept.completion_mask
-    u = train.backward(model, kept, parts, adv, token_mask, old_logp, cfg, no_precision)
+    u = train.backward(model, kept, rows, parts, adv, token_mask, old_logp, cfg, no_precision)
     assert u["clip_frac"] == 0.0 and abs(u["ratio_mean"] - 1) < 1e-5  # the first update is on-policy
     torch.optim.SGD(model.parameters(), lr=1.0).step()  # a large step
     model.zero_grad(set_to_none=True)
@@ -383,10 +403,11 @@ def test_tiny_worlds_are_known():
     assert "tiny" in tiny.WORLDS and tiny.world_of("tiny") == "tiny" and tiny.world_of("Qwen2.5-0.5B") is None
 
 
-def test_filter_forwards_only_the_rollouts_with_a_signal(tmp_path, tiny_dir):
-    """grpo-filter against GRPO on the same step 0 (one seed: the same rollouts). It keeps exactly
-    the rollouts of the mixed groups, puts every one of their tokens in the loss, and forwards and
-    back-propagates those rollouts alone, prompt and completion, where GRPO forwards all B. Tiny's
+def test_grpo_forwards_what_the_filter_forwards_and_trains_every_token(tmp_path, tiny_dir):
+    """grpo-filter against GRPO on the same step 0 (one seed: the same rollouts). The filter keeps
+    exactly the rollouts of the mixed groups and trains every one of their tokens. GRPO keeps all B
+    and trains every token, A = 0 ones included (its divisor counts them), but forwards only the
+    filter's rollouts, prompt and completion: those with A = 0 carry exactly no gradient. Tiny's
     prompts all have one length L, so each count is exact by hand."""
     kw = dict(SMALL, steps=1, prompts_per_step=8, group_size=4, seed=3)
     for m in ("grpo", "grpo-filter"):
@@ -398,7 +419,11 @@ def test_filter_forwards_only_the_rollouts_with_a_signal(tmp_path, tiny_dir):
     _, tokenizer = load_model(tiny_dir)
     prompt = format_prompt(tokenizer, load_problems("tiny", "train", limit=1)[0]["prompt"])
     L = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    assert g["kept"] == 32 and g["fwd_bwd_tokens"] == 32 * L + g["valid_all"]
+    assert g["kept"] == 32 and g["tokens"] == g["valid"] == g["valid_all"]  # all in GRPO's loss
     assert f["kept"] == round(32 * (1 - g["zero_var"])) < 32
     assert f["tokens"] == f["valid"] < g["valid_all"]  # every token of a kept rollout is trained
-    assert f["fwd_bwd_tokens"] == f["kept"] * L + f["valid"]
+    assert f["fwd_bwd_tokens"] == f["kept"] * L + f["valid"] == g["fwd_bwd_tokens"]
+    assert g["head_rows"] == f["head_rows"] == f["valid"]  # K = 1: the head on trained tokens alone
+    assert g["nograd_tokens"] == f["nograd_tokens"] == 0  # K = 1: no logp_old pass
+    # the gradient differs by the divisor alone (kept: every token trained, A = 0 ones too)
+    assert g["grad_norm"] == pytest.approx(f["grad_norm"] * f["tokens"] / g["tokens"], rel=1e-4)
