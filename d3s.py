@@ -90,7 +90,8 @@ def _max_variance_rows(values, k):
     i = torch.arange(k + 1)  # candidate i: the sorted positions < k - i and >= n - i
     S, SS, zeros = (C[:, k - i] + C[:, n:] - C[:, n - i]).unbind(2)  # (R, k+1) each
     score = k * SS - S * S  # = k^2 * (population variance); same argmax, no division
-    # [ours] ties (up to rounding): the fewest zeros (zero-variance groups in `cross`), then least i
+    # [ours] ties (to rounding): the fewest zeros (zero-variance groups in `cross`), then least i;
+    # equal values in batch order (the stable sort), not by group: docs/algorithm.md's example
     tol = 1e-9 * (k * SS).amax(dim=1, keepdim=True)  # far above float64 rounding of the sums
     tied = score >= score.amax(dim=1, keepdim=True) - tol
     pick = torch.where(tied, zeros, math.inf).argmin(dim=1)  # (R,) argmin: the first minimum
@@ -115,7 +116,7 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
     B, device = rewards.numel(), advantages.device
     if mode == "none":
         idx = torch.arange(B, device=device)
-    elif mode == "cross":
+    elif mode == "cross":  # [ours] Var around the kept subset's own mean, not top-|A| (sum A^2)
         # Zero-variance groups (A = 0) sit mid-order, taken only when nothing else is left: each
         # group's A sums to 0, so the pooled A does. A best k-subset with a 0 while a nonzero is
         # left out holds all positives (or negatives), so its mean m >= 0 (<= 0); swapping the 0
@@ -129,7 +130,7 @@ def select_samples(rewards, advantages, group_size, keep, mode, generator=None, 
         if mode == "random-nonzero":  # a stable sort keeps each side's random order
             perm = perm[torch.argsort((advantages.to(perm.device)[perm] == 0).long(), stable=True)]
         idx = perm[: num_keep(keep, B)].sort().values.to(device)
-    else:  # intra, pods: the same n in every group, at least 2 so a group keeps a contrast
+    else:  # intra, pods: the same n in every group, [ours] at least 2 so a group keeps a contrast
         n = min(group_size, max(2, num_keep(keep, group_size)))
         on = advantages if mode == "intra" else rewards  # PODS selects on the raw rewards
         cols = _max_variance_rows(on.view(-1, group_size), n)  # (P, n) positions in each group
@@ -151,8 +152,9 @@ def token_scores(advantages, entropy, mode):
 
 def select_tokens(scores, mask, keep, generator=None, count=None):
     """Step 6: the top round(keep * valid) scores (at least 1), pooled over every valid position of
-    the step, never a masked one; scores None (random): every set as likely, drawn from `generator`.
-    count: keep min(count, valid) instead. scores (N, T), mask (N, T) bool -> kept (N, T) bool."""
+    the step ([ours] of kept rollouts with A = 0 too), never a masked one; scores None (random):
+    every set as likely, drawn from `generator`. count: keep min(count, valid) instead. scores
+    (N, T), mask (N, T) bool -> kept (N, T) bool."""
     _check_tokens_args(scores, mask, keep, count)
     if scores is None:  # i.i.d. uniform scores: every k-set of valid positions is as likely
         scores = torch.rand(mask.shape, generator=generator, dtype=torch.float64,
@@ -182,7 +184,8 @@ def needed_columns(token_mask, advantages, beta=0.0, seq_mask=None):
 
 def keep_ratios(step, total_steps, schedule, s_init, s_final, t_init, t_final):
     """The schedule: (rho_s, rho_t) at this step, each rho = (1 - p) * init + p * final with p =
-    step / (total_steps - 1) (linear; [ours] p = 0 in a one-step run) or init (constant)."""
+    step / (total_steps - 1) ([ours] linear: the paper says only "aggressive, then relaxed"; p = 0
+    in a one-step run) or init (constant)."""
     _check_schedule_args(step, total_steps, schedule, s_init, s_final, t_init, t_final)
     if schedule == "constant":
         return float(s_init), float(t_init)
