@@ -228,7 +228,7 @@ def backward(model, kept, rows, parts, adv, token_mask, old_logp, cfg, ctx, ref_
     """Step 7 for one mini-batch, the kept rollouts `rows`: the loss summed over their kept tokens
     over --divisor's d_i, and its gradient, forwarded micro-batch by micro-batch (`parts`: the rows
     whose terms are not all 0, each cut after the last column the loss reads). old_logp None: the
-    policy that sampled (K = 1, or the first mini-batch): ratio exactly 1. -> its statistics or None."""
+    policy that sampled (K = 1, or the first mini-batch): ratio exactly 1. -> statistics or None."""
     if not parts:  # [ours] no kept token with A != 0 (and beta = 0): the gradient is exactly 0
         return None
     valid, head = kept.completion_mask, (cfg.temperature, False, cfg.logprob_chunk)
