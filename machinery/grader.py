@@ -54,15 +54,19 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|\\.|[{}]", re.S)  # not `\boxedsymbol`
 _BLANKS = re.compile(r"[ \t]*")
-_BARE = re.compile(r"[^\s${}]+")  # `\boxed 5`: up to whitespace, `$` or a brace
+# `\boxed 5`: a value's first character (a digit, a sign, a command, a letter alone), then up to
+# whitespace, `$`, a brace or the next box (past which the scans would overlap: quadratic time)
+_BARE = re.compile(r"(?=[-+.\d\\]|[A-Za-z](?![A-Za-z]))"
+                   r"(?:[^\s${}\\]|\\(?!(?:boxed|fbox)(?![A-Za-z])))+")
 
 
 def boxes(text):
     """The content spans (start, end) of every box in text, in the order the boxes open, nested
     ones included; None when a box never closes (a completion cut off mid-answer). A brace-less
-    box (`\\boxed 5`) holds what follows up to whitespace, `$` or a brace; `\\boxed` with nothing
-    after it on its line is no box (the command named in prose), except at the end of the text,
-    where it is a box that never closed. Escaped braces (`\\{`) neither open nor close a box."""
+    box (`\\boxed 5`) holds what follows up to whitespace, `$`, a brace or the next box, when that
+    begins as a value can; else, and with nothing after it on its line, `\\boxed` is the command
+    named in prose (`use \\boxed, then`), except at the end of the text, where it is a box that
+    never closed. Escaped braces (`\\{`) neither open nor close a box."""
     spans, open_at, depth = [], [], 0  # open_at: (brace depth outside the box, content start)
     for m in _BOX_TOKEN.finditer(text):
         token = m[0]
