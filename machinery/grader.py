@@ -188,8 +188,10 @@ _RATE_LETTERS = frozenset("m s g h l".split())  # in a rate only (m/s, km/h): a 
 _SPACE = re.compile(r"\s+")
 # _NOISE and _SPACING first take a row break `\\` whole (and keep it): in `1 \\ 2` there is no `\ `
 _NOISE = re.compile(r"(\\\\)|\\(?:left|right)(?![A-Za-z])\.?|\\displaystyle|\\!"
-                    r"|\\phantom ?\{[^{}]*\}")  # \phantom{2}: space the size of a 2
-_SPACING = re.compile(r"(\\\\)|\\(?:[,;: ]|q?quad(?![A-Za-z]))|~")
+                    r"|\\(?:mathbf|boldsymbol|bm) ?\{([^{}]*)\}")  # bold 18 is 18
+_SPACING = re.compile(r"(\\\\)|\\(?:[,;: ]|q?quad(?![A-Za-z])"
+                      r"|phantom ?\{[^{}]*\})|~")  # \phantom{2}: a space the size of a 2
+_PER_CENT = re.compile(r"(?<![A-Za-z])per ?cent(?![A-Za-z])", re.I)
 _THOUSANDS_GAP = re.compile(r",\\! ?(?=\d{3}(?!\d))")  # 1,\!000 and 11,\! 111
 _DEGREE = re.compile(r"\^ ?(?:\\circ|\{ ?\\circ ?\})")  # after _SPACE: one space at most
 _TEXT = re.compile(r"\\(?:text(?:rm|bf|it|normal|up)?|mbox|mathrm) ?\{([^{}]*)\}")
@@ -198,22 +200,26 @@ _COMMAS = re.compile(r", ?(?:, ?)+")
 _GAP = re.compile(r" (?!\d)|(?<!\d) ")  # a space, unless between two digits: 12 34 is not 1234
 _BOX_CMD = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _UNICODE = {"−": "-", "×": "\\times ", "÷": "\\div ", "π": "\\pi ", "∞": "\\infty ",
-            "≤": "\\le ", "≥": "\\ge ", "°": "^\\circ", "\\$": "", "$": "", "\\%": "%", "{,}": ","}
+            "≤": "\\le ", "≥": "\\ge ", "°": "^\\circ", "\\%": "%", "{,}": ",",
+            "\\$": "", "$": "", "€": "", "£": "", "¥": "", "\\pounds": "", "\\euro": ""}
 _ALIASES = {"\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom"}
 
 
 def canonical(s):
     """A spelling-insensitive form of an answer, for an exact-string check and for telling a
     completion's spellings apart: spaces, $, spacing commands, \\left/\\right, \\dfrac and the
-    \\text{} wrapper make no difference. An empty box is one whose canonical form is empty."""
-    return _GAP.sub("", _TEXT.sub(r"\1", _normalize(s))).replace("{}", "")
+    \\text{} wrapper make no difference, but a gap never joins two numbers (`12 {} 34` is not 1234).
+    An empty box is one whose canonical form is empty."""
+    s = _TEXT.sub(r" \1 ", _normalize(s)).replace("{}", " ")
+    return _GAP.sub("", _SPACE.sub(" ", s).strip())
 
 
 def _normalize(s):
     s = _SPACE.sub(" ", s)
     for old, new in _UNICODE.items():
         s = s.replace(old, new)
-    s = _NOISE.sub(lambda m: m[1] or "", _THOUSANDS_GAP.sub(",", s))
+    s = _THOUSANDS_GAP.sub(",", _PER_CENT.sub("percent", s))
+    s = _NOISE.sub(lambda m: m[1] or m[2] or "", s)
     s = _SPACING.sub(lambda m: m[1] or " ", s)
     for old, new in _ALIASES.items():
         s = s.replace(old, new)
@@ -269,9 +275,12 @@ def read(s, reference=False):
 
 
 def _text_piece(m):
-    """A \\text{} inside an answer: "and"/"or" join a list (a comma), one letter is that letter
-    (\\mathrm{i} is i), one without letters is what it holds (\\text{13}); words stay boxed."""
+    """A \\text{} inside an answer: a blank is a space, "and"/"or" join a list (a comma), one letter
+    is that letter (\\mathrm{i} is i), one without letters is what it holds (\\text{13}); words stay
+    boxed."""
     inner = m[1].strip(" ,")
+    if not m[1].strip():
+        return " "
     if inner.lower() in ("", "and", "or"):
         return ","
     if len(inner) == 1 and inner.isalpha() or not any(c.isalpha() for c in inner):
@@ -325,14 +334,16 @@ _FRAC = re.compile(r"\\frac ?(?:\{ ?([+-]?(?:\d{1,3}(?:,\d{3})+|\d+)) ?\}|(\d)) 
 _BASE = re.compile(r"_ ?(?:\d|\{ ?\d+ ?\})")  # 52_8 [ours]: the digits, as MATH means them
 _MIXED = re.compile(r"(?<!\d)(\d+) ?(?: (\d+) ?/ ?(\d+)|\\frac ?(?:\{ ?(\d+) ?\}|(\d)) ?"
                     r"(?:\{ ?(\d+) ?\}|(\d)))")  # 3 1/2, 3\frac{1}{2}
-_ORDINAL = re.compile(r" ?(st|nd|rd|th)\b")  # 5th = 5; 5rd is no ordinal
+_ORDINAL = re.compile(r" ?(?:\^ ?)?(\{ ?)?(st|nd|rd|th)\b ?(\})?")  # 5th = 5^{th} = 5; 5rd is none
+_REPEATING = re.compile(r" ?\\(?:overline|bar) ?\{ ?(\d{1,20}) ?\}")  # 0.1\overline{6} = 1/6
 
 
 def _as_number(t):
     """(exact value as a Fraction, written with decimals, written with %) when t is a plain
     number, else None: an integer, a decimal (1.5e3 too), a/b, \\frac{a}{b}, a mixed number (3
-    1/2 = 7/2, as GSM8K and MATH write them) or an ordinal (5th), after an optional "x =" and
-    sign, followed only by scale words and then units. A few microseconds, no sympy."""
+    1/2 = 7/2, as GSM8K and MATH write them), a repeating decimal (0.\\overline{3}) or an ordinal
+    (5th, 5^{\\text{th}}), after an optional "x =" and sign, followed only by scale words and then
+    units. A few microseconds, no sympy."""
     if len(t) > 60:
         return None  # no plain number is this long; also keeps int() below its digit limit
     t = _TEXT.sub(r" \1 ", t).replace("%", " percent ").strip()
@@ -341,8 +352,8 @@ def _as_number(t):
     i, negative, decimals = sign.end(), sign[1] == "-", False
     if m := _MIXED.match(t, i):
         whole, num, den = (int(x) for x in m.groups() if x is not None)
-        if not 0 < num < den:
-            return None  # "3 4/2" is no mixed number we know
+        if not 0 < num < den or not whole:
+            return None  # "3 4/2" and "0 3/4" are no mixed numbers we know
         value = whole + Fraction(num, den)
     elif m := _FRAC.match(t, i):
         num, den = (int(x.replace(",", "")) for x in m.groups() if x is not None)
@@ -352,14 +363,19 @@ def _as_number(t):
     elif m := _DECIMAL.match(t, i):
         value = Fraction(m[0].replace(",", "").replace(" ", ""))
         decimals = "." in m[0] and not m[0].endswith(".")
-        if e := _TIMES_TEN.match(t, m.end()):
+        if "." in m[0] and (r := _REPEATING.match(t, m.end())):  # exact: no rounding
+            places = len(m[0]) - m[0].index(".") - 1
+            value += Fraction(int(r[1]), (10 ** len(r[1]) - 1) * 10 ** places)
+            m, decimals = r, False
+        elif e := _TIMES_TEN.match(t, m.end()):
             value *= Fraction(10) ** int(e[1] or e[2] or e[3])
             m = e
         elif s := _SLASH.match(t, m.end()):
             if int(s[1]) == 0:
                 return None
             value, m = value / int(s[1]), s
-        elif (o := _ORDINAL.match(t, m.end())) and o[1] == _ordinal_suffix(value):
+        elif (o := _ORDINAL.match(t, m.end())) and o[2] == _ordinal_suffix(value) and (
+                bool(o[1]) == bool(o[3])):
             m = o
         elif b := _BASE.match(t, m.end()):
             m = b
