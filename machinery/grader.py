@@ -141,14 +141,15 @@ def compare(answer, reference):
 def _equal(a, b, seconds):
     """Two read values equal? Numbers exactly, text by its key, the rest through math-verify (within
     `seconds`), and only values of one shape: a list never equals a tuple or one value, an equation
-    only an equation."""
+    only an equation. The same value read (x = 5 and 5) is equal, whether math-verify parses it or
+    not (it cannot parse \\pm inside a fraction)."""
     if a.kind == b.kind == "number":
         return _numbers_equal(a.number, b.number)
     if "text" in (a.kind, b.kind):
         return a.key == b.key
     if a.shape != b.shape:
         return False
-    return _symbolic_equal(a.latex, b.latex, seconds)
+    return a.latex == b.latex or _symbolic_equal(a.latex, b.latex, seconds)
 
 
 def _equal_within(a, b, seconds):

@@ -54,6 +54,9 @@ def test_math_verify_has_no_fallback(latex, reference):
     (r"\frac\pi6", r"\pi/6", 1.0),
     (r"\sqrt2 x^2", r"\sqrt{2}x^{2}", 1.0),
     (r"\log_2 8", "3", 1.0),
+    # what math-verify cannot parse equals only the same value: x = v and v
+    (r"x = \frac{-b \pm \sqrt{b^2-4ac}}{2a}", r"\frac{-b \pm \sqrt{b^2-4ac}}{2a}", 1.0),
+    (r"x = \frac{-b \pm \sqrt{b^2-4ac}}{2a}", r"\frac{-b \pm \sqrt{b^2+4ac}}{2a}", 0.0),
 ])
 def test_the_grammar_hands_on_what_it_read(answer, reference, expected, patient):
     assert grade(boxed(answer), reference) == expected
