@@ -489,7 +489,7 @@ class _Grammar:
     by side (`12 34`, `5 \\; 6^1`, `(5)(6)`, `2(3)`, which math-verify reads as 46, 30, 11 and 5).
     Each value is also worked out roughly (mpmath, a letter a number of its own): sympy computes
     what is written, for minutes on `3^{999 \\cdot 999 \\cdot 999}`, so an exponent, factorial or
-    binomial of MAX_OPERAND or more, or a power of more than MAX_DIGITS digits, is no value.
+    binomial of MAX_OPERAND or more, or a power or factorial of over MAX_DIGITS digits, is no value.
     read() returns (the latex of the value, each argument braced, its shape)."""
 
     def __init__(self, t):
