@@ -19,9 +19,9 @@ compares. The grammar is the guard: math-verify reads `5 \wedge 6` as 6, `12 34`
 is not one value. Words count only from explicit lists (UNITS, SCALES). No regular expression here
 has nested or adjacent unbounded repeats, so each runs in linear time on any input (a test checks
 every one); sympy can still run for seconds or forever on a hostile value (`2^{2^{40}}`), so that
-path has two fences: long, deep or huge values are compared as strings only (_too_risky), and on
-the main thread a wall-clock deadline stops it (_with_deadline); math-verify's own timeouts use
-whole-second signal.alarm, which raises off the main thread, so they are off.
+path has two fences: long, deep or huge values are no value (the grammar works out how big each
+one is), and on the main thread a wall-clock deadline stops sympy (_with_deadline); math-verify's
+own timeouts use whole-second signal.alarm, which raises off the main thread, so they are off.
 """
 import logging
 import re
@@ -32,8 +32,8 @@ import time
 from collections import namedtuple
 from fractions import Fraction
 
-from math_verify import (ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig,
-                         parse, verify)
+import mpmath
+from math_verify import LatexExtractionConfig, LatexNormalizationConfig, parse, verify
 
 # -----------------------------------------------------------------------------
 # Limits. The grader must return within a second on any completion.
@@ -41,6 +41,8 @@ from math_verify import (ExprExtractionConfig, LatexExtractionConfig, LatexNorma
 REL_TOL = 1e-6            # a rounded decimal = a fraction when |a - b| <= REL_TOL * max(|a|, |b|)
 MAX_SYMBOLIC_CHARS = 300  # longer answers are compared as strings only; MATH-500's longest is 53
 MAX_NESTING = 12          # deeper ({[ nesting is compared as a string only
+MAX_OPERAND = 1000        # an exponent, factorial or binomial of this or more: compared as a string
+MAX_DIGITS = 3000         # a power or factorial of more digits: compared as a string
 MAX_SPELLINGS = 8         # more different spellings in one completion's boxes: a hedge
 DEADLINE_S = 0.5          # main thread: wall-clock budget for one math-verify comparison
 RETRY_S = 0.02            # after the deadline, the alarm repeats this often until it lands
@@ -54,15 +56,19 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|\\.|[{}]", re.S)  # not `\boxedsymbol`
 _BLANKS = re.compile(r"[ \t]*")
-_BARE = re.compile(r"[^\s${}]+")  # `\boxed 5`: up to whitespace, `$` or a brace
+# `\boxed 5`: a value's first character (a digit, a sign, a command, a letter alone), then up to
+# whitespace, `$`, a brace or the next box (past which the scans would overlap: quadratic time)
+_BARE = re.compile(r"(?=[-+.\d\\]|[A-Za-z](?![A-Za-z]))"
+                   r"(?:[^\s${}\\]|\\(?!(?:boxed|fbox)(?![A-Za-z])))+")
 
 
 def boxes(text):
     """The content spans (start, end) of every box in text, in the order the boxes open, nested
     ones included; None when a box never closes (a completion cut off mid-answer). A brace-less
-    box (`\\boxed 5`) holds what follows up to whitespace, `$` or a brace; `\\boxed` with nothing
-    after it on its line is no box (the command named in prose), except at the end of the text,
-    where it is a box that never closed. Escaped braces (`\\{`) neither open nor close a box."""
+    box (`\\boxed 5`) holds what follows up to whitespace, `$`, a brace or the next box, when that
+    begins as a value can; else, and with nothing after it on its line, `\\boxed` is the command
+    named in prose (`use \\boxed, then`), except at the end of the text, where it is a box that
+    never closed. Escaped braces (`\\{`) neither open nor close a box."""
     spans, open_at, depth = [], [], 0  # open_at: (brace depth outside the box, content start)
     for m in _BOX_TOKEN.finditer(text):
         token = m[0]
@@ -135,14 +141,15 @@ def compare(answer, reference):
 def _equal(a, b, seconds):
     """Two read values equal? Numbers exactly, text by its key, the rest through math-verify (within
     `seconds`), and only values of one shape: a list never equals a tuple or one value, an equation
-    only an equation."""
+    only an equation. The same value read (x = 5 and 5) is equal, whether math-verify parses it or
+    not (it cannot parse \\pm inside a fraction)."""
     if a.kind == b.kind == "number":
         return _numbers_equal(a.number, b.number)
     if "text" in (a.kind, b.kind):
         return a.key == b.key
-    if a.shape != b.shape or _too_risky(a.latex) or _too_risky(b.latex):
+    if a.shape != b.shape:
         return False
-    return _symbolic_equal(a.latex, b.latex, seconds)
+    return a.latex == b.latex or _symbolic_equal(a.latex, b.latex, seconds)
 
 
 def _equal_within(a, b, seconds):
@@ -184,8 +191,10 @@ _RATE_LETTERS = frozenset("m s g h l".split())  # in a rate only (m/s, km/h): a 
 _SPACE = re.compile(r"\s+")
 # _NOISE and _SPACING first take a row break `\\` whole (and keep it): in `1 \\ 2` there is no `\ `
 _NOISE = re.compile(r"(\\\\)|\\(?:left|right)(?![A-Za-z])\.?|\\displaystyle|\\!"
-                    r"|\\phantom ?\{[^{}]*\}")  # \phantom{2}: space the size of a 2
-_SPACING = re.compile(r"(\\\\)|\\(?:[,;: ]|q?quad(?![A-Za-z]))|~")
+                    r"|\\(?:mathbf|boldsymbol|bm) ?\{([^{}]*)\}")  # bold 18 is 18
+_SPACING = re.compile(r"(\\\\)|\\(?:[,;: ]|q?quad(?![A-Za-z])"
+                      r"|phantom ?\{[^{}]*\})|~")  # \phantom{2}: a space the size of a 2
+_PER_CENT = re.compile(r"(?<![A-Za-z])per ?cent(?![A-Za-z])", re.I)
 _THOUSANDS_GAP = re.compile(r",\\! ?(?=\d{3}(?!\d))")  # 1,\!000 and 11,\! 111
 _DEGREE = re.compile(r"\^ ?(?:\\circ|\{ ?\\circ ?\})")  # after _SPACE: one space at most
 _TEXT = re.compile(r"\\(?:text(?:rm|bf|it|normal|up)?|mbox|mathrm) ?\{([^{}]*)\}")
@@ -194,22 +203,26 @@ _COMMAS = re.compile(r", ?(?:, ?)+")
 _GAP = re.compile(r" (?!\d)|(?<!\d) ")  # a space, unless between two digits: 12 34 is not 1234
 _BOX_CMD = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _UNICODE = {"−": "-", "×": "\\times ", "÷": "\\div ", "π": "\\pi ", "∞": "\\infty ",
-            "≤": "\\le ", "≥": "\\ge ", "°": "^\\circ", "\\$": "", "$": "", "\\%": "%", "{,}": ","}
+            "≤": "\\le ", "≥": "\\ge ", "°": "^\\circ", "\\%": "%", "{,}": ",",
+            "\\$": "", "$": "", "€": "", "£": "", "¥": "", "\\pounds": "", "\\euro": ""}
 _ALIASES = {"\\dfrac": "\\frac", "\\tfrac": "\\frac", "\\cfrac": "\\frac", "\\dbinom": "\\binom"}
 
 
 def canonical(s):
     """A spelling-insensitive form of an answer, for an exact-string check and for telling a
     completion's spellings apart: spaces, $, spacing commands, \\left/\\right, \\dfrac and the
-    \\text{} wrapper make no difference. An empty box is one whose canonical form is empty."""
-    return _GAP.sub("", _TEXT.sub(r"\1", _normalize(s))).replace("{}", "")
+    \\text{} wrapper make no difference, but a gap never joins two numbers (`12 {} 34` is not 1234).
+    An empty box is one whose canonical form is empty."""
+    s = _TEXT.sub(r" \1 ", _normalize(s)).replace("{}", " ")
+    return _GAP.sub("", _SPACE.sub(" ", s).strip())
 
 
 def _normalize(s):
     s = _SPACE.sub(" ", s)
     for old, new in _UNICODE.items():
         s = s.replace(old, new)
-    s = _NOISE.sub(lambda m: m[1] or "", _THOUSANDS_GAP.sub(",", s))
+    s = _THOUSANDS_GAP.sub(",", _PER_CENT.sub("percent", s))
+    s = _NOISE.sub(lambda m: m[1] or m[2] or "", s)
     s = _SPACING.sub(lambda m: m[1] or " ", s)
     for old, new in _ALIASES.items():
         s = s.replace(old, new)
@@ -255,19 +268,22 @@ def read(s, reference=False):
     t = _strip_units(_TRIG_DEGREES.sub(r"\1(\2\\pi/180)", t).replace("°", " "))  # a unit
     if number := _as_number(t):
         return Value("number", number, _as_latex(number[0]), "one", key)
-    if _TEXT.search(t) or _too_risky(t):
-        return None  # words that are no unit, or too big to read safely
+    if _TEXT.search(t) or _too_deep(t):
+        return None  # words that are no unit, or too deep to read safely
     try:
         latex, shape = _Grammar(t).read()
-    except (_NotAValue, RecursionError):  # a value nests 12 deep at most (_too_risky)
+    except (_NotAValue, RecursionError):  # a value nests 12 deep at most (_too_deep)
         return None
     return Value("math", None, latex.replace("%", "\\%"), shape, key)
 
 
 def _text_piece(m):
-    """A \\text{} inside an answer: "and"/"or" join a list (a comma), one letter is that letter
-    (\\mathrm{i} is i), one without letters is what it holds (\\text{13}); words stay boxed."""
+    """A \\text{} inside an answer: a blank is a space, "and"/"or" join a list (a comma), one letter
+    is that letter (\\mathrm{i} is i), one without letters is what it holds (\\text{13}); words stay
+    boxed."""
     inner = m[1].strip(" ,")
+    if not m[1].strip():
+        return " "
     if inner.lower() in ("", "and", "or"):
         return ","
     if len(inner) == 1 and inner.isalpha() or not any(c.isalpha() for c in inner):
@@ -321,14 +337,16 @@ _FRAC = re.compile(r"\\frac ?(?:\{ ?([+-]?(?:\d{1,3}(?:,\d{3})+|\d+)) ?\}|(\d)) 
 _BASE = re.compile(r"_ ?(?:\d|\{ ?\d+ ?\})")  # 52_8 [ours]: the digits, as MATH means them
 _MIXED = re.compile(r"(?<!\d)(\d+) ?(?: (\d+) ?/ ?(\d+)|\\frac ?(?:\{ ?(\d+) ?\}|(\d)) ?"
                     r"(?:\{ ?(\d+) ?\}|(\d)))")  # 3 1/2, 3\frac{1}{2}
-_ORDINAL = re.compile(r" ?(st|nd|rd|th)\b")  # 5th = 5; 5rd is no ordinal
+_ORDINAL = re.compile(r" ?(?:\^ ?)?(\{ ?)?(st|nd|rd|th)\b ?(\})?")  # 5th = 5^{th} = 5; 5rd is none
+_REPEATING = re.compile(r" ?\\(?:overline|bar) ?\{ ?(\d{1,20}) ?\}")  # 0.1\overline{6} = 1/6
 
 
 def _as_number(t):
     """(exact value as a Fraction, written with decimals, written with %) when t is a plain
     number, else None: an integer, a decimal (1.5e3 too), a/b, \\frac{a}{b}, a mixed number (3
-    1/2 = 7/2, as GSM8K and MATH write them) or an ordinal (5th), after an optional "x =" and
-    sign, followed only by scale words and then units. A few microseconds, no sympy."""
+    1/2 = 7/2, as GSM8K and MATH write them), a repeating decimal (0.\\overline{3}) or an ordinal
+    (5th, 5^{\\text{th}}), after an optional "x =" and sign, followed only by scale words and then
+    units. A few microseconds, no sympy."""
     if len(t) > 60:
         return None  # no plain number is this long; also keeps int() below its digit limit
     t = _TEXT.sub(r" \1 ", t).replace("%", " percent ").strip()
@@ -337,8 +355,8 @@ def _as_number(t):
     i, negative, decimals = sign.end(), sign[1] == "-", False
     if m := _MIXED.match(t, i):
         whole, num, den = (int(x) for x in m.groups() if x is not None)
-        if not 0 < num < den:
-            return None  # "3 4/2" is no mixed number we know
+        if not 0 < num < den or not whole:
+            return None  # "3 4/2" and "0 3/4" are no mixed numbers we know
         value = whole + Fraction(num, den)
     elif m := _FRAC.match(t, i):
         num, den = (int(x.replace(",", "")) for x in m.groups() if x is not None)
@@ -348,14 +366,19 @@ def _as_number(t):
     elif m := _DECIMAL.match(t, i):
         value = Fraction(m[0].replace(",", "").replace(" ", ""))
         decimals = "." in m[0] and not m[0].endswith(".")
-        if e := _TIMES_TEN.match(t, m.end()):
+        if "." in m[0] and (r := _REPEATING.match(t, m.end())):  # exact: no rounding
+            places = len(m[0]) - m[0].index(".") - 1
+            value += Fraction(int(r[1]), (10 ** len(r[1]) - 1) * 10 ** places)
+            m, decimals = r, False
+        elif e := _TIMES_TEN.match(t, m.end()):
             value *= Fraction(10) ** int(e[1] or e[2] or e[3])
             m = e
         elif s := _SLASH.match(t, m.end()):
             if int(s[1]) == 0:
                 return None
             value, m = value / int(s[1]), s
-        elif (o := _ORDINAL.match(t, m.end())) and o[1] == _ordinal_suffix(value):
+        elif (o := _ORDINAL.match(t, m.end())) and o[2] == _ordinal_suffix(value) and (
+                bool(o[1]) == bool(o[3])):
             m = o
         elif b := _BASE.match(t, m.end()):
             m = b
@@ -462,11 +485,16 @@ class _Grammar:
     letters, Greek letters, \\pi, \\infty, + - \\pm \\cdot \\times / ^ _ ! %, brackets,
     |abs|, \\frac, \\sqrt, \\binom, functions, matrices, \\cup of sets. Anything else is no
     value: an unlisted command (`\\wedge`, `\\to`, `\\ldots`), a chain of relations (`5 = 6`),
-    two numbers side by side (`12 34`, `(5)(6)`, `2(3)`, which math-verify reads as 46, 11 and
-    5). read() returns (the latex of the value, its shape)."""
+    a list where one value belongs (`|5, 6|`, `\\sin(5, 6)`), a number after another factor side
+    by side (`12 34`, `5 \\; 6^1`, `(5)(6)`, `2(3)`, which math-verify reads as 46, 30, 11 and 5).
+    Each value is also worked out roughly (mpmath, a letter a number of its own): sympy computes
+    what is written, for minutes on `3^{999 \\cdot 999 \\cdot 999}`, so an exponent, factorial or
+    binomial of MAX_OPERAND or more, or a power or factorial of over MAX_DIGITS digits, is no value.
+    read() returns (the latex of the value, each argument braced, its shape)."""
 
     def __init__(self, t):
-        self.t, self.i, self.bars, self.words = t, 0, 0, set()  # words: \begin{pmatrix}'s letters
+        self.t, self.i, self.bars = t, 0, 0
+        self.words, self.braced = set(), set()  # \begin{pmatrix}'s letters; arguments to brace
         self.tokens = [(m[0], m.start(), m.end()) for m in _TOKEN.finditer(t)]
 
     def peek(self):
@@ -495,9 +523,9 @@ class _Grammar:
         return items[0], shapes[0]
 
     def _latex(self, first, last):
-        """The text of tokens[first:last] with a space between two letters side by side: we read
-        `inf` and `pct` as products of letters, and so must math-verify (alone, it reads them as
-        \\infty and %)."""
+        """The text of tokens[first:last], each argument braced (math-verify reads `\\frac\\pi 6`
+        as `\\frac{\\}{p}i 6`), with a space between two letters side by side: we read `inf` and
+        `pct` as products of letters, and so must math-verify (alone, it reads \\infty and %)."""
         out, pos = [], self.tokens[first][1]
         for k in range(first, last):
             token, start, end = self.tokens[k]
@@ -505,17 +533,18 @@ class _Grammar:
             if k > first and start == pos and token.isalpha() and len(token) == 1 and (
                     self.tokens[k - 1][0].isalpha()) and k not in self.words:
                 out.append(" ")
-            out.append(self.t[start:end])
+            text = self.t[start:end]
+            out.append("{" + text + "}" if k in self.braced else text)
             pos = end
         return "".join(out)
 
     def item(self):
         """(shape, index of the value's first token)."""
-        starts, kinds, relations = [self.i], [self.setexpr()], []
+        starts, kinds, relations = [self.i], [self.setexpr()[0]], []
         while self.peek() in _RELATIONS:
             relations.append(self.take())
             starts.append(self.i)
-            kinds.append(self.setexpr())
+            kinds.append(self.setexpr()[0])
         if not relations:
             return _SHAPES.get(kinds[0], "one"), starts[0]
         if relations in (["="], ["\\in"]) and kinds[0] == "var":
@@ -527,44 +556,51 @@ class _Grammar:
             return "interval", starts[0]  # x > 2, -1 < x \le 3
         raise _NotAValue()
 
+    # Each method below reads a piece and returns (its kind, its rough value): kind "int" or "num"
+    # (a number, a fraction of two, bracketed or signed), "var", "interval", "list" or "other"
+
     def setexpr(self):
-        kinds = [self.expr()]
+        kind, value = self.expr()
+        kinds = [kind]
         while self.peek() in _SET_OPS:
             self.take()
-            kinds.append(self.expr())
+            kinds.append(self.expr()[0])
         if len(kinds) > 1 and any(k not in ("interval", "list") for k in kinds):
             raise _NotAValue()  # 5 \cup 6
-        return kinds[0] if len(kinds) == 1 else "interval"
+        return (kind if len(kinds) == 1 else "interval"), value
 
     def expr(self):
-        signed = self.peek() in _ADD
-        if signed:
-            self.take()
-        kind, terms = self.term(), 1
+        sign = self.take() if self.peek() in _ADD else None
+        (kind, value), terms = self.term(), 1
+        value = -value if sign == "-" else value
         while self.peek() in _ADD:
-            self.take()
-            self.term()
+            minus = self.take() == "-"
+            term = self.term()[1]
+            value = value - term if minus else value + term
             terms += 1
-        if terms > 1 or signed and kind not in ("int", "num"):
-            return "other"
-        return "num" if signed else kind
+        if terms > 1 or sign and kind not in _NUMBERS:
+            return "other", value
+        return ("num" if sign else kind), value
 
     def term(self):
-        kind = prev = self.factor()
-        count = 1
+        kinds, (kind, _, value) = [], self.factor()
         while (token := self.peek()) is not None:
             if token in _MUL:
                 self.take()
-                prev = self.factor()
+                kinds.append(kind)
+                kind, _, factor = self.factor()
+                value = _quotient(value, factor) if token in ("/", "\\div") else value * factor
             elif self._starts_factor(token):
-                k = self.factor()
-                if prev in ("int", "num") and k in ("int", "num") or prev == "num" and k == "frac":
-                    raise _NotAValue()  # 12 34, (5)(6), 2(3), 1.5 \frac{1}{2}
-                prev = k
+                kinds.append(kind)
+                kind, first, factor = self.factor()
+                if first in _NUMBERS:
+                    raise _NotAValue()  # 12 34, 5 6^1, (5)(6), 2(3), x 2: numbers go first
+                value *= factor
             else:
                 break
-            count += 1
-        return kind if count == 1 else "other"
+        if kinds:  # 3/4 and 2 \cdot 3 are numbers too: not after x either
+            return ("num" if set(kinds + [kind]) <= _NUMBERS else "other"), value
+        return kind, value
 
     def _starts_factor(self, token):
         return (token[0].isdigit() or token[0] == "." and len(token) > 1
@@ -574,95 +610,118 @@ class _Grammar:
                 or token[0] == "\\" and token[1:] in _ATOMS)
 
     def factor(self):
-        kind, subscripts = self.atom(), 0
+        """(kind, the atom's kind, value): the atom's kind tells a number with a postfix."""
+        kind, value = first = self.atom()
+        subscripts, last = 0, None
         while (token := self.peek()) in ("^", "_", "!", "'", "%"):
             self.take()
             subscripts += token == "_"
-            if token in "_'" and kind != "var" or subscripts > 1:
-                raise _NotAValue()  # 5_6, 5'6, x_1_2
-            if token in "^_":
+            if token in "_'" and kind != "var" or subscripts > 1 or token == last == "!":
+                raise _NotAValue()  # 5_6, 5'6, x_1_2, 3!! (math-verify reads (3!)!)
+            if token == "^":
+                value = _power(value, self.arg()[1])
+            elif token == "_":
                 self.arg()
-            if token != "_":
-                kind = "other"
-        return kind
+            elif token == "!":
+                value = _not_huge(mpmath.factorial(abs(_operand(value))))
+            elif token == "%":
+                value /= 100
+            kind, last = kind if token == "_" else "other", token
+        return kind, first[0], value
 
     def atom(self):
         token = self.take()
         if token[0].isdigit() or token[0] == "." and len(token) > 1:
-            return "num" if "." in token else "int"
+            return ("num" if "." in token else "int"), mpmath.mpf(token)
         if token.isalpha() and len(token) == 1:
-            return "var"
+            return "var", _letter(token)
         if token in _CLOSERS:
             self.bars += token == "|"
-            kinds = self.group(_CLOSERS[token])
+            kinds, value = self.group(_CLOSERS[token])
             self.bars -= token == "|"
             if token == "\\{":
-                return "list"
-            if token in ("(", "[") and len(kinds) > 1:
-                return "interval"
-            return kinds[0] if token in ("(", "[", "{") else "other"
+                return "list", value
+            if len(kinds) > 1 and token not in ("(", "["):
+                raise _NotAValue()  # |5, 6|, \lfloor 5, 6 \rfloor, {5, 6}: one value or none
+            if len(kinds) > 1:
+                return "interval", value  # (5, 6), [0, 1)
+            return (kinds[0] if token in ("(", "[", "{") or kinds[0] in _NUMBERS
+                    else "other"), value
         name = token[1:] if token[0] == "\\" else None
         if name in _GREEK:
-            return "var"
+            return "var", _letter(name)
         if name in ("pi", "infty"):
-            return "other"
+            return "other", mpmath.pi if name == "pi" else mpmath.inf
         if name in ("emptyset", "varnothing"):
-            return "list"
+            return "list", mpmath.mpf(0)
         if name in ("frac", "binom"):
-            self.arg(brace=name == "binom")
-            self.arg(brace=name == "binom")
-            return "frac" if name == "frac" else "other"
+            (top, a), (bottom, b) = self.arg(brace=name == "binom"), self.arg(brace=name == "binom")
+            if name == "binom":
+                return "other", _power(2, abs(a))  # at most 2^n
+            return ("num" if {top, bottom} <= _NUMBERS else "other"), _quotient(a, b)
         if name == "sqrt":
+            root = 2
             if self.peek() == "[":
                 self.take()
-                self.expr()
+                root = self.expr()[1]
                 self.take("]")
-            self.arg()
-            return "other"
+            return "other", _power(self.arg()[1], _quotient(1, root))
         if name == "overline":
             self.arg(brace=True)
-            return "other"
+            return "other", mpmath.mpf(1)
         if name == "mathbb":
             self.take("{")
             if not self.take().isalpha():
                 raise _NotAValue()
             self.take("}")
-            return "interval"
+            return "interval", mpmath.mpf(1)
         if name in _FUNCTIONS:
-            while self.peek() in ("^", "_"):
+            scripts = {}
+            while (script := self.peek()) in ("^", "_"):
                 self.take()
-                self.arg()
-            self.factor()  # the argument: \sin x, \log_2 8, \cos(2x)
-            return "other"
+                scripts[script] = self.arg()[1]
+            kind, _, value = self.factor()  # the argument: \sin x, \log_2 8, \cos(2x)
+            if kind in ("interval", "list"):
+                raise _NotAValue()  # \sin(5, 6), \log(2, 8)
+            return "other", _power(_power(mpmath.e, value) if name == "exp" else 1,
+                                   scripts.get("^", 1))
         if name == "begin":
             return self.matrix()
         raise _NotAValue()  # an unlisted command, or an operator where a value should be
 
     def group(self, closers):
-        kinds = [self.setexpr()]
+        """(the kinds of the items, the value of the first)."""
+        kind, value = self.setexpr()
+        kinds = [kind]
         while self.peek() == ",":
             self.take()
-            kinds.append(self.setexpr())
+            kinds.append(self.setexpr()[0])
         self.take(*closers)
-        return kinds
+        return kinds, value
 
     def arg(self, brace=False):
-        """The argument of \\frac, \\sqrt, ^ or _: {expr}, or one digit, letter or symbol."""
+        """The argument of \\frac, \\sqrt, ^ or _: {expr}, or one digit, letter or symbol, which
+        _latex braces."""
         token = self.peek()
         if token == "{":
             self.take()
-            self.setexpr()
+            kind, value = self.setexpr()
             self.take("}")
-        elif brace or token is None:
+            if kind in ("interval", "list"):
+                raise _NotAValue()  # \sqrt{\{5, 6\}}
+            return kind, value
+        if brace or token is None:
             raise _NotAValue()
-        elif token.isdigit() and len(token) > 1:  # \frac12: the 1, and the 2 is left
+        if token.isdigit() and len(token) > 1:  # \frac12: the 1, and the 2 is left
             _, start, end = self.tokens[self.i]
-            self.tokens[self.i] = (token[1:], start + 1, end)
-        elif token.isdigit() or token.isalpha() and len(token) == 1 or token[1:] in _GREEK or (
-                token in ("\\pi", "\\infty")):
-            self.take()
-        else:
+            self.tokens[self.i:self.i + 1] = [(token[0], start, start + 1),
+                                              (token[1:], start + 1, end)]
+            token = token[0]
+        elif not (token.isdigit() or token.isalpha() and len(token) == 1
+                  or token[1:] in _GREEK or token in ("\\pi", "\\infty")):
             raise _NotAValue()
+        self.braced.add(self.i)
+        return self.atom()
 
     def matrix(self):
         self.take("{")
@@ -682,31 +741,57 @@ class _Grammar:
             self.take(c)
         self.words.update(range(start, self.i))
         self.take("}")
-        return "other"
+        return "other", mpmath.mpf(1)
 
 
 _SHAPES = {"interval": "interval", "list": "list"}
+_NUMBERS = frozenset("int num".split())
+_HUGE = mpmath.mpf(10) ** MAX_DIGITS
 _ATOMS = _GREEK | _FUNCTIONS | {"pi", "infty", "emptyset", "varnothing", "frac", "binom", "sqrt",
                                 "overline", "mathbb", "begin"}
 
+
+def _letter(name):
+    """[ours] A letter's rough value: a complex number of its own, so that x - y is not 0."""
+    return mpmath.mpc(1 + sum(map(ord, name)) % 97 / 97, 0.5)
+
+
+
+def _operand(x):
+    """x, when an exponent, factorial or binomial of it is safe to compute: |x| < MAX_OPERAND."""
+    if not abs(x) < MAX_OPERAND:  # nan too
+        raise _NotAValue()
+    return x
+
+
+def _not_huge(x):
+    """x, when it has at most MAX_DIGITS digits."""
+    if not abs(x) < _HUGE:  # nan too
+        raise _NotAValue()
+    return x
+
+
+def _power(base, exponent):
+    """base^exponent, when the exponent is below MAX_OPERAND and the power within MAX_DIGITS."""
+    try:
+        return _not_huge(base ** _operand(exponent))
+    except ZeroDivisionError:  # 0^{-1}
+        raise _NotAValue() from None
+
+
+def _quotient(a, b):
+    """a / b, infinite for b = 0 (`\\frac{1}{0}`: nothing sympy computes)."""
+    try:
+        return a / b
+    except ZeroDivisionError:
+        return mpmath.inf
+
 # -----------------------------------------------------------------------------
-# math-verify, behind two fences
-
-_HUGE = re.compile(
-    r"\^ ?\{? ?[+-]? ?\d{4}"           # an exponent of 1000 or more
-    r"|\^ ?\{[^{}^]*\^"                # a tower a^{b^c}
-    r"|\d{4} ?!|\\binom ?\{? ?\d{4}"   # a factorial or binomial of 1000 or more
-    r"|[\w)}\]] ?! ?!"                 # n!!: math-verify reads (n!)!, and 5!!! is (120!)!
-    r"|\*\*"                           # python-style power: the same risks, unparsed by LaTeX rules
-)
+# math-verify, behind two fences: the grammar's bounds and _too_deep, and a deadline
 
 
-def _too_risky(s):
-    """True when sympy might spend far too long on s, so it is compared as a string only. These are
-    cheap fences for where no deadline can be set (a worker thread); they do not bound every slow
-    sympy simplification (a (x+y+z)^{20} can take seconds there)."""
-    if len(s) > MAX_SYMBOLIC_CHARS or _HUGE.search(s):
-        return True
+def _too_deep(s):
+    """True when s nests brackets over MAX_NESTING deep: the grammar and sympy recurse on it."""
     depth = deepest = 0
     for c in s:
         if c in "{([":
@@ -726,7 +811,7 @@ def _with_deadline(fn, seconds):
     """fn(), interrupted after `seconds` of wall-clock time with _OutOfTime.
 
     Only the main thread can receive signals; in any other thread fn runs unfenced and the
-    _too_risky checks are the only protection. The same when someone else's SIGALRM timer is
+    grammar's bounds are the only protection. The same when someone else's SIGALRM timer is
     already running (pytest-timeout, the caller's own): we leave theirs alone rather than clobber
     it.
     """
@@ -758,14 +843,14 @@ def _with_deadline(fn, seconds):
         sys.unraisablehook = hook
 
 
-# math-verify's default extraction (LaTeX, then plain expressions), with its unit stripping switched
-# off: it removed any trailing \text{} whatever it said, and single letters (c, d, g, h, l, m, s,
-# t) and "ab" as units, so 2\mathrm{i}, 3\text{i} and 2c equalled 2. read() drops units by our list.
-_EXTRACTION = [
-    LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
-        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
-        equations=False)),
-    ExprExtractionConfig()]
+# math-verify's LaTeX extraction alone, with its unit stripping switched off: it removed any
+# trailing \text{} whatever it said, and single letters (c, d, g, h, l, m, s, t) and "ab" as
+# units, so 2\mathrm{i}, 3\text{i} and 2c equalled 2; read() drops units by our list. No fallback:
+# its expression extraction read a bare number out of what its LaTeX parser could not (6 out of
+# `|5, 6|`), so the grammar's value is parsed whole, or it is no value.
+_EXTRACTION = [LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
+    basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
+    equations=False))]
 
 _warmed_up = False
 # [ours] One comparison of each kind that loads more of sympy the first time: a polynomial (the
@@ -796,7 +881,7 @@ def _verify(answer, reference):
     # form it extracts first. allow_set_relation_comp: an inequality answer equals an interval
     # reference (x > 2 = (2,\infty)); by default math-verify allows that only with the inequality
     # as the gold.
-    gold = parse("\\boxed{" + reference + "}", _EXTRACTION, parsing_timeout=None)
-    pred = parse("\\boxed{" + answer + "}", _EXTRACTION, parsing_timeout=None)
+    gold, pred = (parse("\\boxed{" + s + "}", _EXTRACTION, "no_fallback", "first_match", None)
+                  for s in (reference, answer))
     return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None,
                                                 allow_set_relation_comp=True)

@@ -281,7 +281,7 @@ def test_words_in_the_asked_format_are_read_whole(text, references, patient):
     (r"\text{Evelyn}", "text", "one"),
     (r"(\text{E})", "text", "one"),
     (r"\log_2 8 + \sin^2 x + |y| + \lfloor z \rfloor", "math", "one"),
-    (r"2\sqrt[3]{x} e^{i\pi} \binom{5}{2} \overline{CD} 3!", "math", "one"),
+    (r"2\sqrt[3]{x} e^{i\pi} \binom{5}{2} \overline{CD} \cdot 3!", "math", "one"),
 ])
 def test_read_values(answer, kind, shape):
     value = read(answer)
