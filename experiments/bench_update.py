@@ -211,11 +211,9 @@ def measure(train, batch, method, rho_s, rho_t, args):
     return rows[1:]
 
 
-def needed(batch, method, rho_s, rho_t):
-    """The tokens the step's trained tokens need in its gradient pass: each rollout with a trained
-    token and A != 0 (step 7's cut), its prompt plus its completion up to its last trained token,
-    summed; token selection on the batch's sampler entropy, as train.py's step 6 (d3s.py's own
-    functions, so only train.py's cutting and micro-batching are under test here)."""
+def selection(batch, method, rho_s, rho_t):
+    """Steps 4 and 6 as train.py runs them on the batch (token selection on its sampler entropy):
+    -> each kept rollout's prompt tokens, completion tokens, and needed columns (0: not read)."""
     import d3s
     m, rewards = d3s.METHODS[method], torch.tensor(batch.rewards)
     G = len(rewards) // batch.prompts
@@ -224,9 +222,33 @@ def needed(batch, method, rho_s, rho_t):
     mask, entropy = batch.fields["completion_mask"][idx], batch.fields["entropy"][idx]
     if m["token"] != "none":
         mask = d3s.select_tokens(d3s.token_scores(adv_kept, entropy, m["token"]), mask, rho_t)
-    cols = d3s.needed_columns(mask, adv_kept)
-    prompts = batch.fields["prompt_mask"][idx].sum(dim=1)
-    return int((prompts + cols)[cols > 0].sum())
+    return (batch.fields["prompt_mask"][idx].sum(dim=1), batch.fields["completion_mask"][idx]
+            .sum(dim=1), d3s.needed_columns(mask, adv_kept), m["token"] not in ("none", "random"))
+
+
+def needed(batch, method, rho_s, rho_t):
+    """The tokens the step's trained tokens need in its gradient pass: each rollout with a trained
+    token and A != 0, its prompt plus its completion up to its last trained token, summed (d3s.py's
+    own functions: only train.py's cutting and micro-batching are under test here)."""
+    prompt, _, cols, _ = selection(batch, method, rho_s, rho_t)
+    return int((prompt + cols)[cols > 0].sum())
+
+
+def what_each_bought(batch, method, rho_s, rho_t, K=4):
+    """Decoder tokens of the gradient and the no-grad passes, by count, as each change of the
+    update added on the one before: [(change, grad tokens, no-grad tokens)]. The no-grad pass
+    covers K - 1 of K mini-batches (logp_old), or every row (the entropy, before it came from the
+    sampler); a mini-batch's rows taken as (K - 1) / K of them."""
+    prompt, length, cols, scores = selection(batch, method, rho_s, rho_t)
+    full, live = prompt + length, cols > 0
+    share = (K - 1) / K
+    rows = [("before", full.sum(), full.sum() if scores else share * full.sum()),
+            ("no pass for A = 0", full[live].sum(), (1 if scores else share) * full[live].sum()),
+            ("cut after the last trained token", (prompt + cols)[live].sum(),
+             full[live].sum() if scores else share * (prompt + cols)[live].sum()),
+            ("the sampler's entropy (now)", (prompt + cols)[live].sum(),
+             share * (prompt + cols)[live].sum())]
+    return [(name, int(g), int(n)) for name, g, n in rows]
 
 
 def table(results, name):
@@ -306,6 +328,10 @@ def main(argv=None):
                           "forwarded": last["fwd_bwd_tokens"] / (1 - (last.get("upd_pad_share")
                                                                       or 0.0))}
         print(table(out, f"{args.world}, {t}") + "\n")
+    print("### What each change bought, by count (decoder tokens: with a gradient / without)\n")
+    for c in configs:
+        steps = what_each_bought(batch, *c)
+        print(f"- {c[0]} {c[1]}/{c[2]}: " + "; ".join(f"{n}: {g} / {ng}" for n, g, ng in steps))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items()}, "results": results}, f,

@@ -826,7 +826,9 @@ def test_adversarial_returns_zero_within_a_second(name, warm):
     t0 = time.perf_counter()
     reward = grade(ADVERSARIAL[name], "3")
     assert reward == 0.0
-    assert time.perf_counter() - t0 < 1.0
+    # a second, documented and measured alone (docs/grading.md); three here, where the suite's
+    # other process shares 2 cores: a quadratic scan takes 16 s on 200 kB, and still fails
+    assert time.perf_counter() - t0 < 3.0
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL  # our deadline handler is gone
 
 
