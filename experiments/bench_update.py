@@ -270,7 +270,8 @@ def table(results, name):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--world", default="tiny-fork", choices=("tiny", "tiny-fork", "tiny-weak", "real"))
+    p.add_argument("--world", default="tiny-fork",
+                   choices=("tiny", "tiny-fork", "tiny-weak", "real"))
     p.add_argument("--seed", type=int, default=0, help="a tiny world's prompts and samples")
     p.add_argument("--before", default="", help="another checkout's root: its train.py as well")
     p.add_argument("--tokenizer", default=os.path.join(ROOT, "..", "shared", "tokenizers",
