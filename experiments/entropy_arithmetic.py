@@ -4,7 +4,8 @@ selects move if the entropy came from a training forward instead, in float32 and
 autocast (a GPU's --dtype auto, run here on the CPU).
 
     python experiments/entropy_arithmetic.py --model tiny-fork
-    python experiments/entropy_arithmetic.py --model qwen2-random --tokenizer ../shared/tokenizers/qwen2.5
+    python experiments/entropy_arithmetic.py --model qwen2-random \
+        --tokenizer ../shared/tokenizers/qwen2.5 --max_new_tokens 64
 
 For one batch of P prompts x G rollouts sampled by rollout.generate_groups (the decode loop, its
 sampler recording the entropy of softmax(logits / T) at every drawn token) and a forward of the same
