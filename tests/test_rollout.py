@@ -253,10 +253,11 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     """The guard against a checkpoint's knobs and against a future transformers that adds one:
     the exact logits processors and stopping criteria that `generate` builds, recorded from
     inside it (the real methods, called through). The checkpoint's own configuration builds 22
-    processors; the hf engine builds ours alone (the Sampler; none for greedy; temperature and
-    top_p for nucleus sampling) and stops only at max_new_tokens or a stop id. A processor that a
-    new transformers adds by default, or fills in from the checkpoint, lands in these lists and
-    fails this test. The loop calls no generate at all, but for nucleus sampling."""
+    processors; the hf engine builds ours alone (the Sampler, greedy too, where it is the argmax
+    and marks NaN logits; temperature and top_p for nucleus sampling) and stops only at
+    max_new_tokens or a stop id. A processor that a new transformers adds by default, or fills in
+    from the checkpoint, lands in these lists and fails this test. The loop calls no generate at
+    all, but for nucleus sampling."""
     _, loaded = checkpoint
     built = {"_get_logits_processor": [], "_get_stopping_criteria": []}
     for name, calls in built.items():
@@ -273,14 +274,14 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     assert "MaxTimeCriteria" in built["_get_stopping_criteria"].pop()
 
     nucleus = ["TemperatureLogitsWarper", "TopPLogitsWarper"]
-    for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), []),
+    for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), ["Sampler"]),
                          (dict(temperature=0.7, top_p=0.9), nucleus)):
         for engine in sampling.ENGINES:
             rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, engine=engine,
                                     **kwargs)
             calls = built["_get_logits_processor"]
             # 8 rows, 4 per generate call
-            n = 0 if engine == "loop" and ours != nucleus else 2
+            n = 0 if engine == "loop" and "temperature" in kwargs and len(kwargs) == 1 else 2
             assert calls == [ours] * n, (kwargs, engine)
             stopping = ["MaxLengthCriteria", "EosTokenCriteria"]
             assert built["_get_stopping_criteria"] == [stopping] * n
@@ -713,37 +714,77 @@ def test_the_two_level_search_is_the_inverse_cdf():
 @pytest.fixture
 def compiling(monkeypatch):
     """The decode step compiled as on a GPU, with torch.compile's eager backend (no compiler
-    needed), from a clean slate: no compiled graph, no kept cache, no earlier failure."""
-    torch.compiler.reset()
+    needed), from a clean slate (sampling.reset: no graph, no kept cache, no failure, counts 0)."""
+    sampling.reset()
     monkeypatch.setattr(sampling, "COMPILE", "eager")
-    monkeypatch.setattr(sampling, "_compiled", {})
-    monkeypatch.setattr(sampling, "_kept", {})
-    monkeypatch.setattr(sampling, "_failed", [])
     yield
-    torch.compiler.reset()
+    sampling.reset()
 
 
 def test_the_compiled_step_is_one_graph_with_the_same_tokens(tok, model, compiling, capsys):
     """The step a GPU compiles (the decoder, the lm_head and the sampler, fullgraph=True: a graph
-    break is an error), traced here with the eager backend: the same tokens as the eager loop, one
-    line for its one compile; a second call at another prompt width inside the same bucket, at
-    another seed, compiles nothing (t is a tensor, the widths are bucketed, the cache is reused);
-    another number of rows is another graph."""
+    break is an error), traced here with the eager backend: the same tokens as the eager loop,
+    sampled and greedy, and one line for each compile. Calls at another prompt width (within the
+    kept cache's power of two), seed or fewer rows (filled up to the cache's with copies of their
+    last) compile nothing and build no cache; greedy decoding is one more graph over the same
+    cache; more rows than the kept cache are a new cache and one compile more (automatic dynamic
+    shapes: the rows made symbolic), after which fewer rows again compile nothing."""
     sampling.COMPILE = "off"
     eager = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    greedy = rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=0)
+    fewer = rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3)
     sampling.COMPILE = "eager"
-    before = sampling.compiles()
     compiled = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
     assert_same_rollouts(compiled, eager, entropy_atol=1e-5)
-    assert sampling.compiles() == before + 1 and not sampling._failed
+    assert sampling.counters() == {"decode_compiles": 1, "decode_cudagraph_records": 0,
+                                   "decode_cudagraph_skips": 0, "decode_caches": 1}
     line, = capsys.readouterr().err.splitlines()
-    assert line.startswith("decode step: compiled for 12 rows x 72 columns in ")
+    assert line.startswith("decode step: compiled for 12 rows x 72 columns in ")  # 64 + 8
     narrower = ["Q: 1", "Question: 1+2\nAnswer:", "Q:", "Question: 5+5\nAnswer:"]
     assert compiled.prompt_ids.shape[1] != rollout.generate_groups(
         model, tok, narrower, 3, 8, seed=3).prompt_ids.shape[1]  # precondition: another width
-    assert sampling.compiles() == before + 1 and capsys.readouterr().err == ""
-    rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3)
-    assert sampling.compiles() == before + 2
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3), fewer)
+    assert sampling.counters()["decode_compiles"] == 1 and capsys.readouterr().err == ""
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=0), greedy)
+    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == (2, 1)
+    assert sampling._kept["greedy"] is sampling._kept["sampled"]  # as many rows: one cache
+    assert capsys.readouterr().err.startswith("decode step: compiled for 12 rows x 72 columns")
+    rollout.generate_groups(model, tok, PROMPTS, 4, 8, seed=3)  # 16 rows
+    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == (3, 2)
+    assert capsys.readouterr().err.startswith("decode step: compiled for 16 rows x 72 columns")
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3), fewer)
+    assert sampling.counters()["decode_compiles"] == 3 and not sampling.compile_failures()
+
+
+def test_no_compile_and_no_new_cache_after_the_first_step(tok, model, compiling):
+    """train.py's pattern, the step compiled: each step an evaluation (greedy, 13 rows in calls of
+    8 and 5, numbered on over the calls) and a rollout (12 sampled rows, other prompts each
+    step). Everything compiles and every cache is built in the first step; after it nothing is
+    compiled or built, and the kept caches' tensors stay at the addresses they had (a CUDA graph
+    replays on them: no re-record). Every call gives the eager loop's tokens."""
+    prompts = [f"Question: {i}+{i % 7}\nAnswer:" for i in range(13)] + PROMPTS
+
+    def step(i):
+        evaluation = [rollout.generate_groups(model, tok, prompts[:8], 1, 6, temperature=0),
+                      rollout.generate_groups(model, tok, prompts[8:13], 1, 6, temperature=0,
+                                              first_row=8)]
+        return evaluation + [rollout.generate_groups(model, tok, prompts[4 * i:4 * i + 4], 3, 6,
+                                                     seed=i)]
+    sampling.COMPILE = "off"
+    eager = [step(i) for i in range(3)]
+    sampling.COMPILE = "eager"
+    counts, addresses = [], []
+    for i in range(3):
+        for got, want in zip(step(i), eager[i]):
+            assert_same_rollouts(got, want)
+        counts.append(sampling.counters())
+        addresses.append({k: [t.data_ptr() for layer in cache.layers
+                              for t in (layer.keys, layer.values)]
+                          for k, cache in sampling._kept.items()})
+    assert counts[0]["decode_compiles"] == 2 and counts[0]["decode_caches"] == 2
+    assert counts[0] == counts[1] == counts[2]
+    assert addresses[0] == addresses[1] == addresses[2] and set(addresses[0]) == {"greedy",
+                                                                                  "sampled"}
 
 
 def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compiling, capsys,
@@ -757,7 +798,7 @@ def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compil
 
     def broken(backend):
         def step(*args):
-            sampling._one_token(*args)
+            sampling.one_token(*args)
             raise RuntimeError("capture failed\nat some depth")
         return step
     monkeypatch.setattr(sampling, "_compiled_step", broken)
@@ -768,7 +809,7 @@ def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compil
         "compiling"]
     assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11,
                                                  record_entropy=True), eager, entropy_atol=1e-5)
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and sampling.compile_failures()
 
 
 # chi-square quantiles P(X > q) = 0.001 (scipy.stats.chi2.isf(0.001, df)): a fixed seed, so these
@@ -957,36 +998,42 @@ def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
 def test_nonfinite_logits_are_an_error(tok, model):
     """NaN or +inf logits (or a row with every logit -inf) leave a row with no distribution: the
     sampler marks the first such decode position of each row on the device and check_finite()
-    raises, naming the first; a -inf logit alone is a probability-0 token, not an error. A model
-    with a NaN weight stops generate_groups with that error, and leaves the model as it found it."""
+    raises, naming the first; a -inf logit alone is a probability-0 token, not an error. Greedy
+    decoding the same: its argmax of NaN logits would be a token all the same. A model with a NaN
+    weight stops generate_groups with that error, sampling or greedy, with either engine, and
+    leaves the model as it found it (its float32 weights, and no copy left on its lm_head)."""
     nan, inf = math.nan, math.inf
-    sampler = sampling.Sampler(1.0, seed=0, first_row=10)
-    sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0],
-                                [0.0, 0.0, 0.0]]))
-    sampler.check_finite()  # a -inf logit is fine
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0],
-                                [-inf, -inf, -inf]]))
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0],
-                                [0.0, 1.0, 2.0]]))
-    assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
-    with pytest.raises(sampling.NonFiniteLogits,
-                       match="3 of 4 rows; first at decode position 1 of row 11"):
-        sampler.check_finite()
+    for temperature in (1.0, 0.0):
+        sampler = sampling.Sampler(temperature, seed=0, first_row=10)
+        sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0],
+                                    [0.0, 0.0, 0.0]]))
+        sampler.check_finite()  # a -inf logit is fine
+        sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0],
+                                    [-inf, -inf, -inf]]))
+        sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0],
+                                    [0.0, 1.0, 2.0]]))
+        assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
+        with pytest.raises(sampling.NonFiniteLogits,
+                           match="3 of 4 rows; first at decode position 1 of row 11"):
+            sampler.check_finite()
 
     with torch.no_grad():
         model.get_decoder().norm.weight[0] = nan  # every logit of every row NaN
     model.train()
     config = model.generation_config
     for engine in sampling.ENGINES:
-        with pytest.raises(sampling.NonFiniteLogits) as e:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4,
-                                        engine=engine)
-        message = str(e.value)
-        assert "\n" not in message and isinstance(e.value, RuntimeError)
-        assert message.startswith("the model produced NaN or inf logits while sampling "
-                                  "(in 4 of 4 rows; first at decode position 0 of row 0)")
-        # what to do: the caller says (train.py)
-        assert message.endswith("its weights have probably diverged")
-        assert model.training and model.generation_config is config
-        assert not model.get_decoder().rotary_emb._forward_hooks
+        for temperature in (1.0, 0.0):
+            with pytest.raises(sampling.NonFiniteLogits) as e:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    rollout.generate_groups(model, tok, PROMPTS, 2, 4, temperature, seed=0,
+                                            batch_size=4, engine=engine)
+            message = str(e.value)
+            assert "\n" not in message and isinstance(e.value, RuntimeError)
+            assert message.startswith("the model produced NaN or inf logits while generating "
+                                      "(in 4 of 4 rows; first at decode position 0 of row 0)")
+            # what to do: the caller says (train.py)
+            assert message.endswith("its weights have probably diverged")
+            assert model.training and model.generation_config is config
+            assert not model.get_decoder().rotary_emb._forward_hooks
+            assert {p.dtype for p in model.parameters()} == {torch.float32}
+            assert "decode_weight" not in vars(model.get_output_embeddings())
