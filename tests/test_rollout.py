@@ -1,8 +1,10 @@
 """rollout.py and machinery/sampling.py on tiny real models: group layout, masks by position,
 stop ids, left padding, a checkpoint's generation_config that must change nothing, the decode loop
-against transformers' generate bit for bit, its compiled step (traced on the CPU), samples that do
-not depend on batching, the sampler's and the hash's distributions, and chunked log-probs /
-entropies against the plain full-logits computation."""
+against transformers' generate (token for token on tiny models; in general up to the rounding of
+the logits, the sampler being exactly a function of them), its compiled step (traced on the CPU:
+tests/test_decode_trace.py has its graph), samples that do not depend on batching, the sampler's
+and the hash's distributions, and chunked log-probs / entropies against the plain full-logits
+computation."""
 import copy
 import math
 import warnings
@@ -614,14 +616,16 @@ def test_samples_do_not_depend_on_batching_engine_or_other_draws(tok, model):
 
 # ------------------------------------------------------------------ the decode loop against generate
 
-def test_the_loop_equals_generate_bit_for_bit(tok, model):
-    """rollout.decode against transformers' generate (the hf engine), on the CPU in float32: the
-    same tokens, masks, texts, truncation flags and decoded row-positions, sampled (T = 1 and 0.7)
-    and greedy, at every batch split, with prompts of different lengths, a pad id that is also a
-    stop id, a row that stops at its first token, and a budget of one token; the entropies to
-    float32 rounding (the loop's static cache and shared prefill sum in another order). On the CPU
-    the loop checks for "all stopped" every step, so it decodes exactly the longest row of each
-    call, as generate does."""
+def test_the_loop_equals_generate_on_a_tiny_model(tok, model):
+    """rollout.decode against transformers' generate (the hf engine), on the CPU in float32, on a
+    tiny model whose distributions put no uniform near an edge (so the rounding of the logits
+    flips no token: test_the_engines_agree_up_to_the_rounding_of_their_logits has the general
+    case): the same tokens, masks, texts, truncation flags and decoded row-positions, sampled
+    (T = 1 and 0.7) and greedy, at every batch split, with prompts of different lengths, a pad id
+    that is also a stop id, a row that stops at its first token, and a budget of one token; the
+    entropies to float32 rounding (the loop's static cache and shared prefill sum in another
+    order). On the CPU the loop checks for "all stopped" every step, so it decodes exactly the
+    longest row of each call, as generate does."""
     free = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, engine="hf")
     first = int(free.completion_ids[0, 0])  # row 0's first token: a stop id below
     commonest = int(free.completion_ids.flatten().mode().values)  # so that rows stop
@@ -644,6 +648,73 @@ def test_the_loop_equals_generate_bit_for_bit(tok, model):
                     assert loop.truncated.any() and (loop.lengths[~loop.truncated] > 1).any()
                 if N == 1:
                     assert loop.completion_ids.shape[1] == 1
+
+
+def test_a_rows_sample_is_a_function_of_its_logits_alone():
+    """What is exact on any device: a row's token and entropy are a function of its logits and its
+    key alone. 40 rows of the real vocabulary's width (151,936: chunks of 6 rows on a CPU),
+    sampled at T = 1 and 0.7 and greedy, in one batch, one row at a time and in reverse order
+    (their keys with them): the same tokens and bit for bit the same entropies; the hf engine's
+    Sampler draws the same tokens from the same logits."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, 151_936, generator=g) * 2
+    keys = sampling.row_keys(9, torch.arange(40))
+    for T in (1.0, 0.7, 0.0):
+        token, entropy, _ = sampling.sample(logits.clone(), keys, 5, T)
+        alone = [sampling.sample(logits[i:i + 1].clone(), keys[i:i + 1], 5, T) for i in range(40)]
+        assert torch.equal(torch.cat([a[0] for a in alone]), token)
+        assert torch.equal(torch.cat([a[1] for a in alone]), entropy)
+        back = sampling.sample(logits.flip(0).clone(), keys.flip(0), 5, T)
+        assert torch.equal(back[0].flip(0), token) and torch.equal(back[1].flip(0), entropy)
+        sampler = sampling.Sampler(T, seed=9)
+        sampler.t = 5
+        assert torch.equal(sampler(None, logits.clone()).argmax(dim=-1), token)
+    assert len(set(token.tolist())) > 30  # precondition: the rows differ
+
+
+@requires_shared
+def test_the_engines_agree_up_to_the_rounding_of_their_logits(qwen_tok, monkeypatch):
+    """What is equal up to rounding: the tokens of the two engines, in float32 and under bf16
+    autocast. A random model of the real vocabulary is nearly flat (each of 151,936 tokens ~7e-6
+    of the mass), where a uniform can fall within rounding of an edge. Every logits row each
+    engine's sampler was given is recorded: while a row's tokens agree, the engines' logits differ
+    by rounding at most (here by nothing: on this CPU the shared prefill and the static cache sum
+    in the same order as generate's; experiments/bench_decode.py's 256 rows of GSM8K prompts
+    differ by a few ulps, and a row now and then), and every token each engine drew is sample() of
+    its own logits, redrawn alone. So two engines' rows can differ only where the rounding of
+    their logits moves a uniform across an edge."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(qwen_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model.generation_config.eos_token_id = [151645]
+    seen, real = {}, sampling.sample
+
+    def recorded(logits, keys, t, temperature):
+        seen[engine].append((logits.clone(), keys))
+        return real(logits, keys, t, temperature)
+    monkeypatch.setattr(sampling, "sample", recorded)
+    monkeypatch.setattr(rollout, "sample", recorded)
+    prompts = ["Question: a farmer has 3 cows and 8 hens; how many legs are there?\nAnswer:",
+               "Q: 7 =", "Say hi:", "Count: " + " ".join(map(str, range(30)))]
+    for dtype, rounding in ((torch.float32, 1e-5), (torch.bfloat16, 2 ** -6)):
+        tokens = {}
+        for engine in sampling.ENGINES:
+            seen[engine] = []
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                tokens[engine] = rollout.generate_groups(model, qwen_tok, prompts, 4, 12,
+                                                         seed=4).completion_ids
+        assert len(seen["loop"]) == len(seen["hf"]) == 12  # no row stops: every step recorded
+        same = torch.ones(16, dtype=torch.bool)
+        for t, ((a, keys), (b, _)) in enumerate(zip(seen["loop"], seen["hf"])):
+            assert float((a.float() - b.float()).abs()[same].max()) <= rounding
+            for engine, logits in (("loop", a), ("hf", b)):
+                for i in range(16):  # a function of its own logits
+                    alone = real(logits[i:i + 1].clone(), keys[i:i + 1], t, 1.0)[0]
+                    assert int(alone) == int(tokens[engine][i, t])
+            same &= tokens["loop"][:, t] == tokens["hf"][:, t]
+        assert float(seen["loop"][0][0].float().std()) > 0.1  # precondition: logits that size
 
 
 def test_the_loop_is_what_runs(tok, model, monkeypatch):
