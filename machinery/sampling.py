@@ -361,13 +361,18 @@ def static_cache(model, rows, width, new_tokens, greedy):
     if not _holds(_kept.get(name), *need):
         if _holds(_kept.get(other), *need) and _rows(_kept[other]) == rows:
             _kept[name] = _kept[other]
-        else:  # the old one goes first (unless shared), so that two are never held at once
+        else:  # a larger one; the old goes first, so that two are never held at once
             old = _kept.pop(name, None)
-            rows = max(rows, _rows(old) if old else 0)
-            width = max(width, old.layers[0].max_cache_len - new_tokens if old else 0, MIN_WIDTH)
+            rows = max(rows, 0 if old is None else _rows(old))
+            width = max(width, 0 if old is None else old.layers[0].max_cache_len - new_tokens,
+                        MIN_WIDTH)
+            shared = old is not None and _kept.get(other) is old and _rows(old) == rows
+            if shared:  # the other kind's calls move to the new one with this one
+                del _kept[other]
             del old
             _kept[name] = _static_cache(model, rows, 2 ** math.ceil(math.log2(width)) + new_tokens,
                                         dtype, device)
+            _kept.update({other: _kept[name]} if shared else {})
             COUNTS["caches"] += 1
     _kept[name].reset()  # zeros: a masked column must hold no NaN of an earlier call
     return _kept[name]

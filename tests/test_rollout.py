@@ -798,8 +798,9 @@ def test_the_compiled_step_is_one_graph_with_the_same_tokens(tok, model, compili
     sampled and greedy, and one line for each compile. Calls at another prompt width (within the
     kept cache's power of two), seed or fewer rows (filled up to the cache's with copies of their
     last) compile nothing and build no cache; greedy decoding is one more graph over the same
-    cache; more rows than the kept cache are a new cache and one compile more (automatic dynamic
-    shapes: the rows made symbolic), after which fewer rows again compile nothing."""
+    cache; a wider prompt or more rows than the kept cache are a new cache and one compile more
+    (automatic dynamic shapes: the size made symbolic), after which fewer rows again compile
+    nothing; greedy calls of as many rows move to the wider cache too."""
     sampling.COMPILE = "off"
     eager = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
     greedy = rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=0)
@@ -820,11 +821,19 @@ def test_the_compiled_step_is_one_graph_with_the_same_tokens(tok, model, compili
     assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == (2, 1)
     assert sampling._kept["greedy"] is sampling._kept["sampled"]  # as many rows: one cache
     assert capsys.readouterr().err.startswith("decode step: compiled for 12 rows x 72 columns")
+    # a prompt wider than 64 columns: a wider cache, which greedy calls (as many rows) move to
+    wide = rollout.generate_groups(model, tok, ["Q: " + "1+" * 40] + PROMPTS[1:], 3, 8, seed=3)
+    assert wide.prompt_ids.shape[1] > 64 and sampling.counters()["decode_caches"] == 2
+    assert sampling._kept["greedy"] is sampling._kept["sampled"]
+    assert sampling._kept["greedy"].layers[0].keys.shape[:3] == (12, 2, 128 + 8)
+    compiles = sampling.counters()["decode_compiles"]  # 3: the width made symbolic
     rollout.generate_groups(model, tok, PROMPTS, 4, 8, seed=3)  # 16 rows
-    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == (3, 2)
-    assert capsys.readouterr().err.startswith("decode step: compiled for 16 rows x 72 columns")
+    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == \
+        (compiles + 1, 3)
+    assert "decode step: compiled for 16 rows x 136 columns" in capsys.readouterr().err
     assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3), fewer)
-    assert sampling.counters()["decode_compiles"] == 3 and not sampling.compile_failures()
+    assert sampling.counters()["decode_compiles"] == compiles + 1
+    assert not sampling.compile_failures()
 
 
 def test_no_compile_and_no_new_cache_after_the_first_step(tok, model, compiling):
