@@ -300,19 +300,20 @@ def decode_weights(model, device):
     on them; machinery/memory.py counts them). -> a function that swaps the masters back."""
     if not torch.is_autocast_enabled(device.type):
         return lambda: None
-    dtype, head, masters = torch.get_autocast_dtype(device.type), model.get_output_embeddings(), {}
+    dtype, head = torch.get_autocast_dtype(device.type), model.get_output_embeddings()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    for p in (p for m in linears for p in m.parameters(recurse=False)):
-        if p.dtype == dtype:
-            continue  # a LoRA base is held in the compute dtype already
+    params = [p for m in linears for p in m.parameters(recurse=False)
+              if p.dtype != dtype]  # a LoRA base is held in the compute dtype already
+    for p in params:  # every copy first: out of memory here has swapped nothing
         if p not in _copies:
             _copies[p] = torch.empty_like(p, dtype=dtype, requires_grad=False)
             torch._dynamo.mark_static_address(_copies[p])
         _copies[p].copy_(p.detach())
-        if p is head.weight:
-            head.decode_weight = _copies[p]
-        else:
-            masters[p], p.data = p.data, _copies[p]
+    masters = {p: p.data for p in params if p is not head.weight}
+    for p in masters:
+        p.data = _copies[p]
+    if any(p is head.weight for p in params):
+        head.decode_weight = _copies[head.weight]
 
     def restore():
         for p, master in masters.items():
@@ -593,8 +594,9 @@ def generation_mode(model, device):
     was_training, checkpoint_config = model.training, model.generation_config
     model.eval()
     model.generation_config = GenerationConfig()
-    restore = decode_weights(model, device)
+    restore = []
     try:
+        restore.append(decode_weights(model, device))
         with torch.no_grad():
             yield
     except BaseException as e:
@@ -602,7 +604,8 @@ def generation_mode(model, device):
             _kept.clear()
         raise
     finally:
-        restore()
+        for swap_back in restore:
+            swap_back()
         _buffer.clear()
         for hook in hooks:
             hook.remove()

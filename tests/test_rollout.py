@@ -1053,6 +1053,31 @@ def test_generation_keeps_its_cache_in_the_autocast_dtype(tok, model):
         handle.remove()
 
 
+def test_the_decode_weights_are_autocasts_values(tok, model, monkeypatch):
+    """Under bf16 autocast the decode reads bf16 copies of every linear's weights and the lm_head's
+    (sampling.decode_weights) where autocast would cast each at every step: the same values, so
+    bit for bit the same tokens and entropies, either engine. The copies follow the masters: after
+    a weight changes (as an optimizer step changes it) the next call reads the new one."""
+    def rollouts():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return [rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=5, engine=engine,
+                                            record_entropy=True) for engine in sampling.ENGINES]
+    for change in (False, True):
+        if change:
+            with torch.no_grad():
+                model.get_decoder().layers[0].mlp.up_proj.weight.mul_(1.5)
+        copied = rollouts()
+        with monkeypatch.context() as m:
+            m.setattr(sampling, "decode_weights", lambda *a: lambda: None)  # autocast's casts
+            cast = rollouts()
+        for a, b in zip(copied, cast):
+            assert_same_rollouts(a, b)  # entropies too, exactly
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        if not change:
+            before = copied[0]
+    assert not torch.equal(before.completion_ids, copied[0].completion_ids)  # precondition
+
+
 # ----------------------------------------------------------------- no host-device syncs, bad logits
 
 def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
