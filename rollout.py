@@ -4,13 +4,13 @@ Rollouts for GRPO/D3S: sample groups of completions, mark which tokens are real,
 Step 1 (docs/algorithm.md), generate_groups: G completions per prompt, group by group, each with a
 mask up to and including its first stop token (completion_mask) and a truncated flag, from decode:
 each prompt prefilled once into a static KV cache of its G rows, then one token at a time (after
-nanochat's engine and gpt-fast; compiled on a GPU). machinery/sampling.py holds what is beneath:
-the sampler draws every token from exactly softmax(logits / T) with random numbers that are a pure
-function of (seed, row, position), so the samples do not depend on batch size or engine (HF
-`generate` is the reference engine): bit for bit on a CPU in float32. Step 5, completion_hidden then
-head_logprobs: log pi(y_t | x, y_<t) of each completion token and the entropy H_t of
-softmax(logits / T), the lm_head in float32 and in checkpointed chunks, so that nothing ever holds
-the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
+nanochat's engine and gpt-fast; compiled on a GPU). machinery/sampling.py holds the step beneath:
+every token is drawn from exactly softmax(logits / T) with random numbers that are a pure function
+of (seed, row, position), so whatever the batch or engine (HF `generate` is the reference) a row's
+sample is a function of its logits, equal across them up to the logits' rounding. Step 5,
+completion_hidden then head_logprobs: log pi(y_t | x, y_<t) of each completion token and the
+entropy H_t of softmax(logits / T), the lm_head in float32 and in checkpointed chunks, so that
+nothing ever holds the (B, T, V) float32 logits (V = 151,936 for Qwen2.5).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from machinery.sampling import (DecodeStep, check_finite, check_generate_args, draw_seed,
-                                encode_left_padded, first_bad, generation_mode, hf_generate,
-                                row_keys)
+from machinery.sampling import (SYNC_EVERY, check_finite, check_generate_args, decode_step,
+                                draw_seed, encode_left_padded, fill_rows, first_bad,
+                                generation_mode, gqa_decoding, head_logits, hf_generate, prefill,
+                                row_keys, sample, static_cache)
 
 # [ours] lm_head positions per chunk, counted over the micro-batch (only the positions asked for).
 # A chunk briefly holds a few (chunk, V) float32 tensors (logits, log-softmax, probabilities, their
@@ -116,9 +117,7 @@ def stop_token_ids(model, tokenizer):
     <|endoftext|>, ends its turn with <|im_end|>."""
     ids = set()
     for eos in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
-        if eos is None:
-            continue
-        ids.update([eos] if isinstance(eos, int) else [int(i) for i in eos])
+        ids.update([] if eos is None else [eos] if isinstance(eos, int) else map(int, eos))
     if getattr(tokenizer, "chat_template", None):
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
@@ -130,12 +129,10 @@ def stop_token_ids(model, tokenizer):
 
 
 def completion_mask(completion_ids, stop_ids):
-    """True on every token up to and including the first stop token of its row, False after it.
-
-    Found by position: a token counts as long as no stop token came strictly before it, so a pad id
-    that is also a stop id (Qwen2.5 pads with <|endoftext|>, also the base models' EOS) is handled,
-    and a pad id that the model really generated before stopping stays a real token.
-    """
+    """True on every token up to and including the first stop token of its row, False after it:
+    found by position (no stop token strictly before), so a pad id that is also a stop id (Qwen2.5
+    pads with <|endoftext|>, the base models' EOS) is handled, and a pad id that the model really
+    generated before stopping stays a real token."""
     stop_ids = torch.as_tensor(stop_ids, device=completion_ids.device)
     is_stop = torch.isin(completion_ids, stop_ids)  # (B, T)
     stops_before = is_stop.long().cumsum(dim=1) - is_stop.long()  # (B, T) stops strictly before t
@@ -147,16 +144,15 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
                     first_row=0, stop=None):
     """Step 1: `group_size` completions for each prompt, group by group. Returns a Rollouts.
 
-    engine: loop (decode, below) or hf (transformers' generate, the reference): the same samples.
-    temperature 0 is greedy decoding (evaluation). temperature > 0 with top_p 1 samples from exactly
+    engine: loop (decode, below) or hf (transformers' generate, the reference): the same samples
+    up to rounding. temperature 0 is greedy (evaluation); > 0 with top_p 1 samples from exactly
     softmax(logits / T) (sampling.sample): of model.generation_config only its EOS ids are used.
     top_p < 1 (eval.py) is generate's own nucleus sampler, from torch's generator (no seed). seed:
     None draws one from torch's generator (machinery/sampling.py says what a seed guarantees).
-    first_row: this call's first row in a larger batch that the caller splits over calls (eval.py),
-    so that the split changes no sample. batch_size: rows per call (None = all). record_entropy:
-    Rollouts.entropy holds the sampler's entropy. stop: machinery/stops.Stop, whose flag ends every
-    row early (a signal came). Raises NonFiniteLogits on NaN or inf logits while sampling.
-    """
+    first_row: this call's first row in a larger batch the caller splits over calls (eval.py).
+    batch_size: rows per call (None = all). record_entropy: Rollouts.entropy holds the sampler's.
+    stop: machinery/stops.Stop, whose flag ends every row early (a signal came). Raises
+    NonFiniteLogits on NaN or inf logits (but with top_p < 1)."""
     check_generate_args(**locals())  # ValueError on a bad argument (machinery/sampling.py)
     stop_ids = stop_token_ids(model, tokenizer)
     # [ours] no pad token (Llama): pad with the first stop id, harmless since found by position
@@ -204,26 +200,30 @@ def generate_groups(model, tokenizer, prompts, group_size, max_new_tokens, tempe
 
 def decode(model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, stop_ids, pad_id,
            temperature, keys, stop=None):
-    """Step 1's decode loop, for the rows prompt_of (b,) of the prompts (n, P): each prompt
-    prefilled once into a static KV cache of its rows, then one token at a time. -> tokens (b, t),
-    entropy (b, t), and each row's first position with NaN or inf logits (-1: none)."""
-    step = DecodeStep(model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, temperature, keys)
-    b, device = len(prompt_of), prompt_ids.device
-    stops = torch.tensor(stop_ids, device=device)
-    tokens = torch.full((b, max_new_tokens), pad_id, device=device)  # (b, N)
-    entropy = torch.zeros((b, max_new_tokens), device=device)  # (b, N)
-    done = torch.zeros(b, dtype=torch.bool, device=device)  # (b,) rows that stopped
-    bad = torch.full((b,), -1, device=device)  # (b,) first position with NaN or inf logits
-    token, h, nonfinite = step.first  # drawn from each prompt's last hidden state
-    for t in range(max_new_tokens):
-        tokens[:, t] = token = token.masked_fill(done, pad_id)  # a stopped row gets padding
-        entropy[:, t], bad = h, first_bad(bad, nonfinite, t)
-        done |= torch.isin(token, stops)
-        signal = stop is not None and stop.first is not None  # the caller drops these rows
-        if t + 1 == max_new_tokens or signal or (t + 1) % step.sync_every == 0 and done.all():
-            break  # the budget, a signal, or every row stopped (a host sync: rare on a GPU)
-        token, h, nonfinite = step(token, t + 1)  # through the cache; softmax(logits / T)
-    return tokens[:, :t + 1], entropy[:, :t + 1], bad
+    """Step 1's decode loop (after gpt-fast's generate.py, nanochat's engine) for the rows prompt_of
+    (b,) of the prompts (n, P): each prompt prefilled once into a static KV cache, then one token a
+    step through it (sampling.one_token; compiled on a GPU, over a cache kept for the run). ->
+    tokens (b, t), entropy (b, t), each row's first position with NaN or inf logits (-1: none)."""
+    b, N, device = len(prompt_of), max_new_tokens, prompt_ids.device
+    cache = static_cache(model, b, prompt_ids.shape[1], N, temperature == 0)
+    prompt_of, keys = fill_rows(prompt_of, cache), fill_rows(keys, cache)  # (R,): R = b on a CPU
+    pad, last, hidden = prefill(model, prompt_ids, prompt_mask, prompt_of, cache, N)
+    token, h, nonfinite = sample(head_logits(model, hidden), keys, 0, temperature)  # t = 0
+    R, stops, step = len(prompt_of), torch.tensor(stop_ids, device=device), decode_step(model, N)
+    tokens, entropy = torch.full((R, N), pad_id, device=device), torch.zeros((R, N), device=device)
+    done = torch.zeros(R, dtype=torch.bool, device=device)  # (R,) rows that stopped
+    bad = torch.full((R,), -1, device=device)  # (R,) first position with NaN or inf logits
+    sync_every = 1 if device.type == "cpu" else SYNC_EVERY  # a CPU's sync costs nothing
+    with gqa_decoding(model):  # attention over the cache, each key and value read once
+        for t in range(N):
+            tokens[:, t] = token = token.masked_fill(done, pad_id)  # a stopped row gets padding
+            entropy[:, t], bad = h, first_bad(bad, nonfinite, t)
+            done |= torch.isin(token, stops)
+            signal = stop is not None and stop.first is not None  # the caller drops these rows
+            if t + 1 == N or signal or (t + 1) % sync_every == 0 and done.all():
+                break  # the budget, a signal, or every row stopped (a host sync: rare on a GPU)
+            token, h, nonfinite = step(model, cache, pad, token, last, keys, t + 1, temperature)
+    return tokens[:b, :t + 1], entropy[:b, :t + 1], bad[:b]
 
 
 def _chunk_logprobs(head, hidden, targets, temperature, with_entropy):

@@ -6,10 +6,14 @@ the prompts GSM8K's. A random model never writes a stop token, so every rollout 
 max_new_tokens (generation's slowest case, the memory prediction's worst), and never answers
 right, so the rewards are bench_speed.py's seeded coin flips (with the real grader every advantage
 would be 0 and train.py would skip every update). Each run is train.train in this process, 4
-steps, with the held-out evaluation off (train.held_out gives 0) and no checkpoint; before it the
-compiler and the decode loop's kept cache are reset, as in a new process. The first step of a run
-is reported apart as warm-up (CUDA's, and the decode step's compile); the other three are its
-steady steps.
+steps, no checkpoint, the held-out evaluation off (train.held_out gives 0) but in the loop's run,
+which evaluates 300 held-out prompts (greedy; calls of 256 and 44 rows, the second filling the
+kept cache's rows) at steps 0 and 2 and at its end, so that what evaluations cost the decode step
+is counted: graphs compiled, CUDA graphs recorded (a re-record when a cache moved), runs without
+CUDA graphs, caches built (train.py's log row: sampling.counters). Before a run the compiler, the
+decode loop's kept caches and its counts are reset, as in a new process. The first step of a run
+is reported apart as warm-up (CUDA's, and the decode step's compiles and recordings, its
+evaluation's included); the other three are its steady steps.
 
 The parts, most needed first. Each part's seconds on one H200 are an ESTIMATE, not a measurement:
 from the last GPU run (experiments/speed.md: HF generate ~11k tokens/s at 256 rows x 512 tokens,
@@ -18,11 +22,13 @@ target (~80k tokens/s, its compile perhaps 30-60 s in a run's first step); a par
 runs the parts before it have not done, and building a random model.
 
   part         what it runs and measures                                              est. s
-  loop         `python train.py --model Qwen2.5-0.5B`, --generation loop (compiled       105
-               with CUDA graphs): generated tokens/s (target >= 80,000 at 256 x 512),
-               compiles per step (target: none after the first), seconds per step split
-               into generation and update, generation's share, pad_share, peak memory
-               against machinery/memory.py's prediction, auto's choice, any OOM retry
+  loop         `python train.py --model Qwen2.5-0.5B`, --generation loop (compiled       115
+               with CUDA graphs), evaluating at steps 0 and 2: generated tokens/s
+               (target >= 80,000 at 256 x 512), compiles and CUDA-graph recordings per
+               step (target: none after the first, evaluations included), seconds per
+               step split into generation and update, generation's share, pad_share, the
+               evaluations' seconds, peak memory against machinery/memory.py's
+               prediction, auto's choice, any OOM retry
   hf           the same with --generation hf: the loop's over hf's generation seconds    100
   grpo         --method grpo --micro_batch_size 16: steady step seconds (target <= 9)     55
   compare      D3S at fixed ratios 0.25/0.2 and 0.75/0.6, micro-batch 16, against        95
@@ -36,8 +42,8 @@ runs the parts before it have not done, and building a random model.
                compare's runs), and grpo again with TF32 matmuls for the float32 LM
                head: update seconds, and whether each step's first ratio stays 1
 
-All parts: about 810 s. No part starts unless its estimate fits in what is left of --budget
-(400 s by default): by estimate the first four parts take 355 s and no later one fits after
+All parts: about 820 s. No part starts unless its estimate fits in what is left of --budget
+(400 s by default): by estimate the first four parts take 365 s and no later one fits after
 them, so the later ones run only where the first come in under their estimates, or in another
 run with --parts. OUT/summary.json is rewritten after every run and part (the part running says so),
 OUT/gpu_check.log holds all that is printed; an error is shown with its type, message and the
@@ -84,8 +90,9 @@ def fixed(rho_s, rho_t):
             "--micro_batch_size", "{mb}"]
 
 
+EVALUATED = ["--eval_every", "2", "--eval_size", "300"]  # the loop's run evaluates (train.held_out)
 RUNS = {
-    "d3s": ("Qwen2.5-0.5B", [], None, False, 90),
+    "d3s": ("Qwen2.5-0.5B", EVALUATED, None, False, 100),
     "d3s-hf": ("Qwen2.5-0.5B", ["--generation", "hf"], None, False, 100),
     "grpo": ("Qwen2.5-0.5B", GRPO, None, False, 55),
     "d3s-0.25": ("Qwen2.5-0.5B", fixed("0.25", "0.2"), None, False, 40),
@@ -106,6 +113,7 @@ BF16_PEAK = [("NVL", None), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 98
 TARGETS = {"generated_tokens_per_s": 80_000, "grpo_step_s": 9.0}
 STEADY = ("seconds", "generation_s", "update_s", "fwd_bwd_s", "generation_share",
           "generated_tokens_per_s", "pad_share", "kept", "fwd_bwd_tokens", "tokens_trained")
+DECODE = ("compiles", "cudagraph_records", "cudagraph_skips", "caches")  # sampling.counters()
 
 # -----------------------------------------------------------------------------
 # the card: every torch.cuda call of this check (tests/test_cuda.py runs each under a strict fake)
@@ -160,14 +168,15 @@ def gib(x):
 class Watch:
     """What one train.train run does, through the names train.py calls, patched for the run and put
     back after (watched): the Run (at begin: auto's choice and the memory prediction; at each
-    end_step: the step's row and decode-step compiles; no checkpoint: a check keeps no weights),
-    the rewards (coin flips), the held-out evaluation (off), and the tokens the update forwards
-    with and without a gradient (completion_hidden) and the LM head's positions (head_logprobs)."""
+    end_step: the step's row, whose decode counts it takes apart step by step; no checkpoint: a
+    check keeps no weights), the rewards (coin flips), the held-out evaluation (off, or timed),
+    and the tokens the update forwards with and without a gradient (completion_hidden) and the
+    LM head's positions (head_logprobs)."""
     longest = {}  # the data's longest prompt, by (dataset, data_dir, rows): Run.size's count
 
     def __init__(self):
-        self.rows, self.counts, self.begun = [], [], None
-        self.pending, self.mark = {}, sampling.compiles()
+        self.rows, self.counts, self.begun, self.evaluations = [], [], None, []
+        self.pending, self.mark = {}, decode_counts(sampling.counters())
 
     def begin(self, run, model, tokenizer, train_set, eval_set):
         cfg = run.cfg
@@ -186,7 +195,7 @@ class Watch:
                       "longest_prompt": Watch.longest[key],
                       "predicted_gib": {k: gib(predicted[k]) for k in ("generate", "no_grad",
                                                                         "update", "peak")}}
-        self.mark = sampling.compiles()
+        self.mark = decode_counts(sampling.counters())
 
     def count(self, key, n):
         """n (a tensor on the device) under key, with or without a gradient; read once a step, at
@@ -209,17 +218,33 @@ class Watch:
             return head_logprobs(model, hidden, targets, positions, *args, **kwargs)
         return call
 
+    def evaluation(self, held_out):
+        """train.held_out, timed (seconds a held-out evaluation took)."""
+        def call(*args, **kwargs):
+            t0 = time.time()
+            accuracy = held_out(*args, **kwargs)
+            self.evaluations.append(round(time.time() - t0, 2))
+            return accuracy
+        return call
+
     def end_step(self, row):
-        now = sampling.compiles()
+        now = decode_counts(row)
         counts = {k: int(sum(x.item() for x in v)) for k, v in self.pending.items()}
-        self.counts.append({"compiles": now - self.mark, **counts})
+        self.counts.append({**{k: None if now[k] is None else now[k] - self.mark[k]
+                               for k in DECODE}, **counts})
         self.rows.append(row)
         self.pending, self.mark = {}, now
 
 
+def decode_counts(row):
+    """The decode step's counts so far (sampling.counters), from them or a log row."""
+    return {k: row["decode_" + k] for k in DECODE}
+
+
 @contextmanager
-def watched(watch):
-    """train.py's names patched for one run (Watch), put back after, even after an error."""
+def watched(watch, evaluate=False):
+    """train.py's names patched for one run (Watch), put back after, even after an error;
+    evaluate: the held-out evaluation runs, timed."""
     class Watched(Run):
         def begin(self, model, tokenizer, optimizer, train_set, eval_set):
             super().begin(model, tokenizer, optimizer, train_set, eval_set)
@@ -231,7 +256,8 @@ def watched(watch):
         def end_step(self, row, selection):
             watch.end_step(row)
             super().end_step(row, selection)
-    names = {"Run": Watched, "score": coin_flip_score(), "held_out": lambda *a, **k: 0.0,
+    names = {"Run": Watched, "score": coin_flip_score(),
+             "held_out": watch.evaluation(train.held_out) if evaluate else lambda *a, **k: 0.0,
              "completion_hidden": watch.decoder(train.completion_hidden),
              "head_logprobs": watch.head(train.head_logprobs)}
     saved = {k: getattr(train, k) for k in names}
@@ -279,7 +305,7 @@ def train_run(check, label):
         simulate_card(check.device, card_gib)
     try:
         cfg, given = config.parse_args(train.Config, argv)
-        with watched(watch), tf32(tf32_on):
+        with watched(watch, evaluate=EVALUATED[0] in knobs), tf32(tf32_on):
             train.train(cfg, given=given, log=lambda line: (lines.append(line), print(line)))
         record["status"] = "done"
     except Exception as e:  # shown and recorded, never taken for a skip; the next run goes on
@@ -309,6 +335,7 @@ def train_run(check, label):
     steps = [step_figures(r, c) for r, c in zip(watch.rows, watch.counts)]
     record["warm_up"], record["steady"] = (steps[0] if steps else None), steps[1:]
     record["steady_median"] = {k: median([s[k] for s in steps[1:]]) for k in STEADY}
+    record["evaluation_s"] = watch.evaluations
     return record
 
 
@@ -328,7 +355,7 @@ def step_figures(row, counts):
             "decoder_tokens_no_grad": counts.get("decoder_no_grad", 0),
             "head_positions_grad": counts.get("head_grad", 0),
             "head_positions_no_grad": counts.get("head_no_grad", 0),
-            "compiles": counts["compiles"], "updates": row["updates"],
+            **{k: counts[k] for k in DECODE}, "updates": row["updates"],
             "ratio_first": row["ratio_first"], "ratio_min": row["ratio_min"],
             "ratio_max": row["ratio_max"], "clip_frac": row["clip_frac"]}
 
@@ -387,7 +414,12 @@ def headline(r):
             "steady_steps": len(r["steady"]), "warm_up_step_s": w.get("seconds"),
             "warm_up_generation_s": w.get("generation_s"),
             "compiles_first_step": w.get("compiles"),
-            "recompiles_after_first_step": sum(x["compiles"] for x in r["steady"]),
+            "recompiles_after_first_step": after(r, "compiles"),
+            "cudagraph_records_first_step": w.get("cudagraph_records"),
+            "rerecords_after_first_step": after(r, "cudagraph_records"),
+            "caches_built_after_first_step": after(r, "caches"),
+            "cudagraph_skips": after(r, "cudagraph_skips", first=True),
+            "evaluation_s": r.get("evaluation_s"),
             "compile": r["compile"], "auto": r.get("auto"), "settings": r.get("settings"),
             "predicted_gib": r.get("predicted_gib"), "peak_gib": r.get("peak_gib"),
             "reserved_over_predicted": r.get("reserved_over_predicted"),
@@ -395,13 +427,22 @@ def headline(r):
             "fits": not r["out_of_memory_retries"]}
 
 
+def after(r, key, first=False):
+    """A decode count summed over a run's steady steps (and its first), None where not counted."""
+    counts = [s[key] for s in ([r["warm_up"]] if first and r["warm_up"] else []) + r["steady"]]
+    return None if None in counts else sum(counts)
+
+
 def part_loop(check):
     r = check.runs["d3s"]
     h = headline(r)
+    rerecords = h["rerecords_after_first_step"]
     return {**h, "targets": {
         "generated_tokens_per_s >= 80000": check.met(h["generated_tokens_per_s"]
                                                      >= TARGETS["generated_tokens_per_s"]),
-        "no recompile after the first step": check.met(h["recompiles_after_first_step"] == 0)}}
+        "no recompile after the first step": check.met(h["recompiles_after_first_step"] == 0),
+        "no CUDA-graph re-record after the first step": None if rerecords is None or not
+        check.cuda else check.met(rerecords == 0)}}
 
 
 def part_hf(check):
@@ -525,7 +566,8 @@ class Check:
             "argv": sys.argv[1:], "budget_s": args.budget, "steps_per_run": self.steps,
             "notes": [
                 "random weights never write a stop token: every rollout runs to max_new_tokens",
-                "rewards are seeded coin flips; evaluation off; each run's first step is warm-up",
+                "rewards are seeded coin flips; evaluation off but in the loop's run (d3s); each "
+                "run's first step is warm-up",
                 "estimates in estimate_s are guesses from the last GPU run, not measurements"]
             + (["dry run: a 2-layer, 64-wide model on " + str(self.device)
                 + ": its seconds are no figures, its targets not judged"] if self.dry_run else []),
@@ -599,7 +641,8 @@ def say_run(label, r):
           f"GiB, peak {r.get('peak_gib')} | warm-up step {r['warm_up']['seconds']} s, steady "
           f"{s['seconds']} s (generation {s['generation_s']}, update {s['update_s']}), "
           f"{s['generated_tokens_per_s']} tokens/s | compiles {r['warm_up']['compiles']}, then "
-          f"{sum(x['compiles'] for x in r['steady'])} | OOM retries "
+          f"{after(r, 'compiles')}; CUDA graphs recorded {r['warm_up']['cudagraph_records']}, then "
+          f"{after(r, 'cudagraph_records')} | evaluations {r['evaluation_s']} s | OOM retries "
           f"{r['out_of_memory_retries'] or 'none'}", flush=True)
 
 
@@ -612,6 +655,7 @@ def say(name, result):
 # the figures of a part's one line in the digest, each where the part has it
 DIGEST = ("step_s", "generation_s", "update_s", "generation_share", "generated_tokens_per_s",
           "pad_share", "compiles_first_step", "recompiles_after_first_step",
+          "rerecords_after_first_step", "cudagraph_skips", "evaluation_s",
           "loop_over_hf_generation_s", "predicted_gib", "peak_gib", "fits", "targets",
           "first_ratio_exactly_1", "rows", "flops", "tf32")
 

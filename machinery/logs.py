@@ -27,6 +27,7 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
     gradient (A != 0), counted over all its updates; the ratio and KL means are weighted by each
     update's kept tokens; grad_norm is null when no gradient was measured (no_signal: the update was
     skipped)."""
+    from machinery.sampling import counters  # the decode step's compiles, CUDA graphs, caches
     valid, applied = kept.completion_mask, [u for u in updates if u["applied"]]
     forward = forward or {}  # step 7's no-grad pass (train.old_logprobs)
     real = forward.get("nograd_tokens", 0) + sum(u["fwd_bwd_tokens"] for u in updates)
@@ -73,7 +74,7 @@ def step_record(step, G, rollouts, rewards, adv, kept, adv_kept, reward_stats, u
         "ratio_max": max((u["ratio_max"] for u in updates), default=1.0),
         # [1.0, 1.0] on any device
         "ratio_first": [first["ratio_min"], first["ratio_max"]] if first else None,
-        "clip_first": first["clip_frac"] if first else None, **extra,
+        "clip_first": first["clip_frac"] if first else None, **counters(), **extra,
     }
 
 

@@ -44,9 +44,11 @@ KNOBS = ("micro_batch_size", "gen_batch_size", "logprob_chunk", "gradient_checkp
 MIN_CHUNK, AUTO_CHUNKS = 16, (4096, 2048, 1024, 512, 256)
 EVAL_ROWS = 256  # rows of train.py's held-out generation calls at --gen_batch_size 0
 LORA_TARGETS = 7  # adapters per layer: q, k, v, o, gate, up, down (the LoRA knob's interface)
-# The loop's static KV cache on a GPU: prompt widths rounded up to BUCKET columns, and KV_HELD
-# cache kept between calls for CUDA graphs' fixed addresses (machinery/sampling.py's BUCKET)
-BUCKET, KV_HELD = 64, 1
+# The loop on a GPU (machinery/sampling.py) keeps KV_HELD = 1 (yes) its static KV caches for the
+# run, one for step 1's rows and one for the evaluation's (one if they have as many rows), each
+# MIN_WIDTH or the longest prompt rounded up to a power of two + max_new_tokens wide, and the pool
+# of the CUDA graphs that replay its step (its logits and sampler: decode_per_row)
+MIN_WIDTH, KV_HELD = 64, 1
 
 
 def shape_of(config):
@@ -139,8 +141,8 @@ class Job:
     weight_bytes: int = 4      # the weights (float32 masters), or the frozen base's under LoRA
     autocast: bool = True      # forward passes under 2-byte autocast (bf16, or float16 on a T4)
     moments: int = 2           # AdamW's two (SGD's momentum: one)
-    kv_held: int = 1           # --generation loop: the static KV cache its compiled step keeps
-                               # between calls (machinery/sampling.py; hf: 0)
+    kv_held: int = 1           # --generation loop: its caches and CUDA graphs are held for the
+                               # run (machinery/sampling.py; hf: 0)
 
 
 def job_of(cfg, prompt_len):
@@ -166,30 +168,47 @@ def job_of(cfg, prompt_len):
 
 def generation_rows(gen_batch_size, job):
     """Rows of the largest generation call: step 1's or the held-out evaluation's."""
-    rows = min(gen_batch_size or job.rollouts, job.rollouts)
-    return max(rows, min(gen_batch_size or EVAL_ROWS, job.eval_size))
+    return max(step_and_eval_rows(gen_batch_size, job))
+
+
+def step_and_eval_rows(gen_batch_size, job):
+    """(rows of step 1's generation calls, rows of the held-out evaluation's largest)."""
+    return (min(gen_batch_size or job.rollouts, job.rollouts),
+            min(gen_batch_size or EVAL_ROWS, job.eval_size))
+
+
+def linear_params(s):
+    """Parameters of one decoder layer's linears (q, k, v, o and the MLP's): all but its norms."""
+    return layer_params(s) - 2 * s["hidden"]
 
 
 def predict(s, settings, job=Job(), m=MEASURED):
     """Peak bytes of each phase of a train.py step for model shape s, the KNOBS `settings` and the
     job, from the measured coefficients m.
-      generate  step 1 and the held-out evaluation: weights and moments, autocast's bf16 copies (the
-                lm_head's too: the decode's head runs under autocast), then the larger of a
-                prefill of generation_rows prompts and the full KV cache of as many rows of
-                prompt_len + new_tokens (the loop's: its width bucketed) with each row's decode
-                step (logits and sampler: the coefficient measured with generate's, a bound for
-                the loop's); with the loop, the job's kv_held caches stay held for every phase
-      no_grad   step 5 (logp_old and the entropy): the decoder's transient, then one head chunk with
-                the entropy of every completion token
+      held      in every phase: weights and moments; under autocast the decode's copies of the
+                weights in the autocast dtype (machinery/sampling.decode_weights: every linear's and
+                the lm_head's, or LoRA's adapters'), refreshed each generation call; with the loop
+                its kept KV caches (step 1's rows and the evaluation's, each its prompt width
+                rounded up to a power of two + new_tokens) and [ours, an estimate] the pool of the
+                CUDA graphs that replay its step, which keeps the step's logits and sampler (the
+                coefficient measured with generate's step, a bound for the loop's) of the largest
+                call
+      generate  step 1 and the held-out evaluation: on top, the larger of a prefill of
+                generation_rows prompts and (hf) generate's own KV cache of as many rows of
+                prompt_len + new_tokens with its step's logits and sampler and its lm_head's
+                autocast copy
+      no_grad   step 5 (logp_old and the entropy): autocast's bf16 copies of the layers' weights,
+                then the decoder's transient, then one head chunk with the entropy of every
+                completion token
       update    step 7 on a micro-batch after the first of its mini-batch (the gradients exist). On
-                top of the activations every layer keeps (with gradient checkpointing: each layer's
-                input) come, one after the other: the head chunk's forward and backward over the
-                tokens it trains (the larger of two moments: the lm_head's (V, H) float32 gradient
-                with one (chunk, V) tensor, or the log-softmax's backward with three); a layer's
-                backward (recomputed first with checkpointing); with the activations freed, the
-                embedding's backward. And where the method has them: step 5's head with the entropy
-                (K = 1, all kept rollouts in one micro-batch), GSPO's no-grad head over the tokens
-                not trained, the reference model's forward (beta > 0).
+                top of autocast's copies and the activations every layer keeps (with gradient
+                checkpointing: each layer's input) come, one after the other: the head chunk's
+                forward and backward over the tokens it trains (the larger of two moments: the
+                lm_head's (V, H) float32 gradient with one (chunk, V) tensor, or the log-softmax's
+                backward with three); a layer's backward (recomputed first with checkpointing);
+                with the activations freed, the embedding's backward. And where the method has them:
+                step 5's head with the entropy (K = 1, all kept rollouts in one micro-batch), GSPO's
+                no-grad head over the tokens not trained, the reference model's forward (beta > 0).
     LoRA (job.lora_rank, as the knob's interface says): the frozen base at job.weight_bytes a weight
     with no gradient, no moments and no autocast copies; the adapters at 16 bytes a parameter; no
     (V, H) gradient and no embedding backward, but the lm_head's float32 copy (4VH) in every head
@@ -203,20 +222,23 @@ def predict(s, settings, job=Job(), m=MEASURED):
     trained, tb = (A, 4) if lora else (N, wb)  # adapters in float32
     weights = (N * wb if lora else 0) + trained * tb * (1 + job.moments)  # gradients freed
     ref = N * wb * (job.reference and not lora)  # a frozen copy; under LoRA the adapters go off
-    copies = 2 * (A if lora else layers * layer_params(s)) * (job.autocast and (lora or wb == 4))
+    cast = job.autocast and (lora or wb == 4)  # float32 weights under autocast
+    copies = 2 * (A if lora else layers * layer_params(s)) * cast  # autocast's, in a forward
+    decode_copies = 2 * (A if lora else layers * linear_params(s) + V * H) * cast
     f32_head = 4 * V * H * (wb < 4)  # head_logprobs' float32 copy of a 2-byte lm_head
     act = layer_act_bytes(s, L, job.lora_rank) * (1 if job.autocast or wb < 4 else 2)  # a bound
     kv = kv_bytes_per_token(s) * (1 if job.autocast or wb < 4 else 2)
-    base = weights + ref + copies
 
-    rows = generation_rows(gen, job)
-    cache = rows * (-(-job.prompt_len // BUCKET) * BUCKET + T) * kv  # a static KV cache, bucketed
+    rows, (step_rows, eval_rows) = generation_rows(gen, job), step_and_eval_rows(gen, job)
+    loop = job.kv_held > 0
+    width = max(MIN_WIDTH, 2 ** math.ceil(math.log2(job.prompt_len))) + T
+    caches = (step_rows + eval_rows * (eval_rows != step_rows)) * width * kv * loop
+    step = rows * m["decode_per_row"] * V  # a decode step's logits and sampler
+    held = weights + ref + decode_copies + caches + step * loop
     prefill = rows * job.prompt_len * (m["no_grad_decoder"] * act + kv)
-    decode = max(cache, rows * L * kv) + rows * m["decode_per_row"] * V
-    generate = (base + 2 * V * H * (job.autocast and wb == 4 and not lora) + max(prefill, decode)
-                + max(0, job.kv_held - 1) * cache)  # the other caches kept
-    base += job.kv_held * cache  # kept through the rest of the step
-
+    hf = (rows * L * kv + step + 2 * V * H * (job.autocast and wb == 4 and not lora)) * (not loop)
+    generate = held + max(prefill, hf)
+    base = held + copies
     def positions(share):  # a micro-batch's completion tokens that a head pass takes, chunked
         return min(chunk, math.ceil(share * n * T))
     entropy_head = f32_head + positions(1) * m["entropy_head_per_position"] * V
@@ -228,27 +250,29 @@ def predict(s, settings, job=Job(), m=MEASURED):
                           kept * m["head_per_position"] * V)
     kind = "checkpointed" if checkpointing else "plain"
     per_layer = m["checkpointed_per_token"] * H if checkpointing else act
-    held = tokens * (base_act_bytes(s) + layers * per_layer) + n * T * 4 * H  # + the head's inputs
+    acts = tokens * (base_act_bytes(s) + layers * per_layer) + n * T * 4 * H  # + the head's inputs
     # a layer's backward: per token, plus (tied embeddings) the lm_head's (V, H) gradient, which
     # autograd holds until the embedding's arrives to be summed with it, plus [ours, a bound] one
     # layer's weight gradients in bf16 and float32 at once
     layer_backward = (tokens * m[kind + "_backward"] * act + 4 * V * H * (s["tied"] and not lora)
                       + 6 * (A // layers if lora else layer_params(s)))
-    moments = [held + head, held + layer_backward,
+    moments = [acts + head, acts + layer_backward,
                0 if lora else m["embedding_backward"] * 4 * V * H]
     if job.one_update and micro >= job.kept_min:
-        moments.append(held + entropy_head)
+        moments.append(acts + entropy_head)
     if job.gspo_share:
-        moments.append(held + f32_head + positions(job.gspo_share) * NO_GRAD_HEAD * V)
+        moments.append(acts + f32_head + positions(job.gspo_share) * NO_GRAD_HEAD * V)
     if job.reference:
-        moments.append(held + max(tokens * m["no_grad_decoder"] * act,
+        moments.append(acts + max(tokens * m["no_grad_decoder"] * act,
                                   f32_head + kept * NO_GRAD_HEAD * V))
     update = base + trained * tb + max(moments)
     return {"generate": generate, "no_grad": no_grad, "update": update,
             "peak": max(generate, no_grad, update),
             "parts": {"weights, gradients, moments": weights + trained * tb + ref,
-                      "bf16 copies": copies, "activations": held, "head chunk": head,
-                      "a layer's backward": layer_backward, "KV cache": rows * L * kv}}
+                      "bf16 copies": copies, "decode copies": decode_copies,
+                      "activations": acts, "head chunk": head,
+                      "a layer's backward": layer_backward, "KV caches": caches,
+                      "CUDA graphs": step * loop}}
 
 
 def fits(peak_bytes, free_bytes):

@@ -1,9 +1,11 @@
 """
-The sampling machinery beneath rollout.py's decode loop (step 1): the random numbers, the sampler
-that both engines share, the loop's static KV cache with each prompt prefilled once and its
-one-token step (compiled on a GPU), and transformers' `generate`, kept as the reference engine that
-the loop is tested against. rollout.py reads as the algorithm; this file is why its samples are the
-policy's, the same however they are batched, and fast.
+The machinery beneath rollout.py's decode loop (step 1), in the order a token flows: the random
+numbers; the decode step (each prompt prefilled once into a static KV cache, then one token at a
+time through the decoder, an attention that reads each cached key and value once, the lm_head and
+the sampler); the weights it reads; what only a GPU needs (the step compiled with CUDA graphs over
+caches kept for the run); and transformers' `generate`, the reference engine the loop is tested
+against. rollout.py reads as the algorithm; this file is why its samples are the policy's, the
+same however they are batched, and fast.
 
 [ours] Sampling is exactly softmax(logits / T), whatever the checkpoint's generation_config.json
 says. The loop calls the decoder and the lm_head itself, so nothing of a checkpoint's configuration
@@ -19,21 +21,21 @@ This matters because the policy gradient scores the samples with softmax(logits 
 and a forced EOS would put a token the policy never sampled into the loss and hide a truncation.
 Greedy decoding (temperature 0) is the argmax of the raw logits. eval.py's top_p < 1 uses
 generate's own sampler with our temperature and top_p and nothing else (top_k=0: transformers' own
-default is 50).
+default is 50). NaN or inf logits are an error in every mode but that one (NonFiniteLogits).
 
-[ours] The random numbers are a pure function of (seed, row, position): the uniform of row r of the
-call (counted over all its rows, group by group) at decode position t is a counter-based hash
-(splitmix64) of (seed, r, t), computed on the model's device for all rows at once. So the random
-numbers are the same whatever batch_size splits the rows into calls, whatever the engine, and
-whatever else draws random numbers in between; seed=None draws one seed from torch's global
-generator per call, so torch.manual_seed still makes a run reproducible. The samples are then the
-same bit for bit on a CPU in float32 (the tests compare them exactly): the batch and the engine
-change only the floating-point rounding of the forward (a batch of another shape, or a cache of
-another length, may sum in another order), which moves the recorded entropy by a few float32 ulps
-and would flip a token only if a uniform fell within that rounding of a step of the cumulative
-distribution. On a GPU under bf16 autocast the logits themselves change with the batch's shape and
-the engine (bf16 matmuls and attention pick other kernels and summation orders, with an 8-bit
-mantissa), so a token can flip now and then, and the rest of that rollout with it.
+[ours] What is exact, and what is equal up to rounding. Exact, on any device: the random numbers
+(the uniform of row r of a call, counted over all its rows group by group, at decode position t is
+a counter-based hash, splitmix64, of (seed, r, t), so it is the same whatever batch_size splits the
+rows, whatever the engine, whatever else draws random numbers; seed=None draws one seed from
+torch's global generator per call, so torch.manual_seed still makes a run reproducible), and the
+sampler as a function of the logits (a row's token and entropy depend on its logits and its key
+alone). Equal up to rounding: the logits, and so the tokens. Another engine, batch or cache length
+sums the forward in another order, a few ulps apart, and a token differs where its uniform falls
+within that rounding of an edge of the cumulative distribution (the rest of its row with it). The
+tests' tiny models, in float32 on a CPU, put no uniform that close, and the engines agree token for
+token there; a pretrained model's flat tail or a random model of the real vocabulary (each token
+~7e-6 of the mass) meets an edge now and then; bf16 kernels on a GPU, which change with the batch's
+shape, more often.
 
 [ours] The sampler (sample) records, at every decode step, the entropy of the distribution it
 samples from, softmax(logits / T) over the full vocabulary: the step line logs it (token selection
@@ -50,8 +52,11 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList,
-                          StaticCache, StoppingCriteriaList)
+from torch.utils.weak import WeakIdKeyDictionary
+from transformers import (AttentionInterface, DynamicCache, GenerationConfig, LogitsProcessor,
+                          LogitsProcessorList, StaticCache, StoppingCriteriaList)
+
+from machinery.memory import is_out_of_memory
 
 ENGINES = ("loop", "hf")  # --generation: rollout.py's decode loop, transformers' generate
 
@@ -116,13 +121,84 @@ def draw_seed():
     return int(torch.randint(2 ** 63 - 1, ()))
 
 
-def draw_seed():
-    """A seed drawn from torch's global generator (CPU): torch.manual_seed makes it reproducible."""
-    return int(torch.randint(2 ** 63 - 1, ()))
-
-
 # -----------------------------------------------------------------------------
-# the sampler, shared by both engines
+# the decode step, in the order a token flows (rollout.decode is the loop around it)
+
+def prefill(model, prompt_ids, prompt_mask, prompt_of, cache, new_tokens):
+    """Each prompt of (n, P) once through the decoder, its keys and values copied to its rows
+    prompt_of (R,) of the static `cache`, at the right end of the cache's first L - new_tokens
+    columns (a kept cache's may be more than P: masked). -> pad (R, L) bool, the columns a row may
+    attend to but for causality (its prompt's real tokens, every new one); last (R,), each row's
+    last prompt position; hidden (R, H), its last hidden state, from which token 0 is drawn."""
+    P, L = prompt_ids.shape[1], cache.layers[0].max_cache_len
+    W = L - new_tokens  # the first new token's column
+    positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (n, P) as generate derives them
+    kv = DynamicCache(config=model.config)
+    hidden = model.get_decoder()(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                 position_ids=positions, cache=kv, use_cache=True)
+    for static, layer in zip(cache.layers, kv.layers):
+        static.keys[:, :, W - P:W] = layer.keys[prompt_of]  # (R, kv_heads, P, head_dim)
+        static.values[:, :, W - P:W] = layer.values[prompt_of]
+        static.cumulative_length.fill_(W)  # where the next key goes
+    mask = prompt_mask[prompt_of].bool()  # (R, P)
+    pad = torch.cat([mask.new_zeros(len(mask), W - P), mask, mask.new_ones(len(mask), new_tokens)],
+                    dim=1)  # (R, L)
+    return pad, positions[prompt_of, -1], hidden.last_hidden_state[prompt_of, -1]
+
+
+def one_token(model, cache, pad, token, last, keys, t, temperature):
+    """Decode position t: the tokens (R,) drawn at t - 1 through the decoder, their keys and values
+    written to the cache's next column, then the lm_head and the sampler -> (token, entropy, bad)
+    at t. The function a GPU compiles whole; run inside gqa_decoding (its attention)."""
+    column = cache.layers[0].cumulative_length  # () the new token's column
+    mask = pad & (torch.arange(pad.shape[1], device=pad.device) <= column)  # (R, L) pad, causality
+    hidden = model.get_decoder()(input_ids=token[:, None], attention_mask=mask[:, None, None],
+                                 position_ids=(last + t)[:, None], cache=cache, use_cache=True)
+    return sample(head_logits(model, hidden.last_hidden_state[:, -1]), keys, t, temperature)
+
+
+def gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Each row's one new query (R, heads, 1, d) against the cache's keys and values (R, kv_heads,
+    L, d) under attention_mask (R, 1, 1, L) bool -> (R, 1, heads, d). [ours] The g = heads /
+    kv_heads query heads that share a KV head are taken as its g queries, so every cached key and
+    value is read once (transformers' SDPA does the same eagerly but under torch.compile repeats K
+    and V g times over all L columns: 7x the cache's traffic for Qwen2.5-0.5B)."""
+    R, heads, _, d = query.shape
+    out = F.scaled_dot_product_attention(query.reshape(R, key.shape[1], -1, d), key, value,
+                                         attn_mask=attention_mask, scale=scaling)  # (R, kv, g, d)
+    return out.reshape(R, 1, heads, d), None
+
+
+AttentionInterface.register("gqa_decode", gqa_attention)
+
+
+@contextmanager
+def gqa_decoding(model):
+    """The model's attention is gqa_attention while the loop decodes (the prefill keeps its own)."""
+    config, before = model.config, model.config._attn_implementation
+    config._attn_implementation = "gqa_decode"
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def head_logits(model, hidden):
+    """The logits (R, V) of the last hidden states (R, H), by the lm_head in its compute dtype
+    (under autocast its weight's copy in that dtype: decode_weights). On a CPU, eagerly, into one
+    (R, V) buffer kept while generating: there a fresh tensor of that size cost as much in page
+    faults as the matmul itself."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "decode_weight", head.weight)  # (V, H)
+    hidden = hidden.to(weight.dtype)
+    if head.bias is not None or hidden.device.type != "cpu" or torch.compiler.is_compiling() \
+            or torch.is_autocast_enabled("cpu"):
+        return F.linear(hidden, weight, head.bias)
+    shape = (hidden.shape[0], weight.shape[0])
+    if _buffer.get("logits") is None or _buffer["logits"].shape != shape:
+        _buffer["logits"] = hidden.new_empty(shape)
+    return torch.mm(hidden, weight.t(), out=_buffer["logits"])
+
 
 BLOCK = 128  # [ours] tokens per block of the two-level inverse CDF
 CHUNK_VALUES = 2 ** 20  # [ours] on a CPU, rows x V per pass: a chunk's float32 temporaries (4 MB)
@@ -136,7 +212,7 @@ def sample(logits, keys, t, temperature):
     (b, V) and (row key, t), which it overwrites (both engines own theirs: no copy of (b, V)): ->
     token (b,) long, entropy (b,) float32 of that distribution, bad (b,) bool, True where the
     logits hold a NaN or +inf or are all -inf (no distribution: the token is then meaningless).
-    temperature 0 is the argmax (entropy 0, never bad).
+    temperature 0 is the argmax (entropy 0, bad the same way).
     [ours] The draw is an inverse CDF in two levels: a block of BLOCK tokens by the float64
     cumulative sum of the block sums, then a token by the float64 cumulative sum within that block,
     where one float64 cumulative sum over all V tokens cost most of a decode step on a CPU. The
@@ -144,9 +220,10 @@ def sample(logits, keys, t, temperature):
     the same distribution, and a token may differ from a one-level search where u falls within a
     float rounding of a block's edge. The entropy is log Z - E[z - max z], with z = logits / T and
     Z = sum exp(z - max z): H = -sum p log p from one pass of exp."""
-    b, V = logits.shape
-    rows = max(1, CHUNK_VALUES // V) if logits.device.type == "cpu" else b
-    u = stream_uniforms(keys, t) if temperature > 0 else None
+    (b, V), u = logits.shape, stream_uniforms(keys, t) if temperature > 0 else None
+    if logits.device.type != "cpu" or torch.compiler.is_compiling():  # a compiler fuses the passes
+        return _draw(logits.float(), u, temperature)
+    rows = max(1, CHUNK_VALUES // V)  # an eager CPU: chunks of rows
     parts = [_draw(logits[s:s + rows].float(), None if u is None else u[s:s + rows], temperature)
              for s in range(0, b, rows)]
     return tuple(torch.cat(p) for p in zip(*parts))
@@ -155,8 +232,8 @@ def sample(logits, keys, t, temperature):
 def _draw(z, u, temperature):
     """sample on one chunk of rows: logits z (c, V) float32 (overwritten), uniforms u (c,)."""
     c, V = z.shape
-    if temperature == 0:  # greedy
-        return z.argmax(dim=-1), z.new_zeros(c), torch.zeros(c, dtype=torch.bool, device=z.device)
+    if temperature == 0:  # greedy; no distribution where the max is NaN, +inf or -inf
+        return z.argmax(dim=-1), z.new_zeros(c), ~torch.isfinite(z.amax(dim=-1))
     d = z.sub_(z.amax(dim=-1, keepdim=True))  # (c, V) <= 0: NaN if a logit is NaN or +inf, or all
     if temperature != 1:                      # are -inf
         d.div_(temperature)
@@ -182,18 +259,8 @@ def _draw(z, u, temperature):
     return token, entropy, ~torch.isfinite(total)
 
 
-def head_logits(model, hidden, out=None):
-    """The logits (b, V) of the last hidden states (b, H), by the model's lm_head: under autocast in
-    its dtype, as generate's own head; without it, on a CPU, into `out` (the loop's buffer), since
-    there a fresh (b, V) tensor costs as much in page faults as the matmul itself."""
-    head = model.get_output_embeddings()
-    if out is None or torch.is_autocast_enabled(hidden.device.type) or head.bias is not None:
-        return head(hidden)
-    return torch.mm(hidden, head.weight.t(), out=out)
-
-
 class NonFiniteLogits(RuntimeError):
-    """The model produced NaN or inf logits while sampling: its weights have most likely
+    """The model produced NaN or inf logits while generating: its weights have most likely
     diverged."""
 
 
@@ -210,35 +277,221 @@ def check_finite(first, first_row):
     if bad:
         t, row = min(bad)
         raise NonFiniteLogits(
-            f"the model produced NaN or inf logits while sampling (in {len(bad)} of "
+            f"the model produced NaN or inf logits while generating (in {len(bad)} of "
             f"{len(first)} rows; first at decode position {t} of row {row}): its weights have "
             f"probably diverged")
 
 
 # -----------------------------------------------------------------------------
-# the loop's model side: a static KV cache, each prompt prefilled once, one token at a time
+# the weights the decode reads: under autocast, a copy in the compute dtype held for the run
 
-# How the decode step is compiled: "auto" on a GPU only (torch.compile with CUDA graphs, as
+_copies = WeakIdKeyDictionary()  # parameter -> its copy in the autocast dtype
+_buffer = {}  # head_logits' (R, V) logits on a CPU, while generating
+
+
+def decode_weights(model, device):
+    """Under autocast (--dtype auto on a GPU: float32 master weights), the weights of every
+    nn.Linear (LoRA's adapters included) as copies in the autocast dtype, refreshed from the
+    masters once per generation call and swapped in for it (a Parameter's .data), the lm_head's as
+    head.decode_weight (tied, its Parameter is also the embedding's, which stays float32): the
+    decode then reads each weight once per token, where autocast casts every one at every step of
+    a compiled graph (its cache does not reach into one). The same bf16 values autocast's casts
+    give, so the same tokens. The copies are kept at fixed addresses for the run (CUDA graphs replay
+    on them; machinery/memory.py counts them). -> a function that swaps the masters back."""
+    if not torch.is_autocast_enabled(device.type):
+        return lambda: None
+    dtype, head = torch.get_autocast_dtype(device.type), model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    params = [p for m in linears for p in m.parameters(recurse=False)
+              if p.dtype != dtype]  # a LoRA base is held in the compute dtype already
+    for p in params:  # every copy first: out of memory here has swapped nothing
+        if p not in _copies:
+            _copies[p] = torch.empty_like(p, dtype=dtype, requires_grad=False)
+            torch._dynamo.mark_static_address(_copies[p])
+        _copies[p].copy_(p.detach())
+    masters = {p: p.data for p in params if p is not head.weight}
+    for p in masters:
+        p.data = _copies[p]
+    if any(p is head.weight for p in params):
+        head.decode_weight = _copies[head.weight]
+
+    def restore():
+        for p, master in masters.items():
+            p.data = master
+        if "decode_weight" in vars(head):
+            del head.decode_weight
+    return restore
+
+
+# -----------------------------------------------------------------------------
+# on a GPU: the step compiled with CUDA graphs, over KV caches kept for the run
+
+# How the decode step is compiled: "auto" on a GPU only (mode "reduce-overhead": CUDA graphs, as
 # gpt-fast), "off" never, or a torch.compile backend ("eager", "aot_eager") on any device: the tests
 # trace it on a CPU. [ours] Nothing is compiled on a CPU by default: with "inductor" there, the step
 # of experiments/bench_decode.py's real world took 200 s to compile and decoded 2.5x slower
 # (experiments/speed.md).
 COMPILE = "auto"
-BUCKET = 64  # [ours] compiled: prompt widths rounded up to a multiple of this, and never below the
-             # kept cache's, so a run compiles a few times, not once per width (more left
-             # padding: harmless, by the mask)
 SYNC_EVERY = 32  # on a GPU, decode steps between the loop's "all stopped?" checks (a host sync)
-# [ours] compiled: the one static cache kept between calls (CUDA graphs replay on fixed addresses,
-# so a call of its rows and budget reuses it, reset, rather than a new one each time); another
-# shape replaces it. machinery/memory.py counts it in every phase of a step.
-_kept, _compiled, _failed = {}, {}, []
-STATS = {"compiles": 0}  # graphs compiled for the decode step (compiles()), this process
+MIN_WIDTH = 64  # [ours] a kept cache's prompt columns: the widest prompt so far rounded up to a
+                # power of two, at least this (GSM8K's prompts, 240 tokens at most, all fit 256)
+# What that costs. dynamo compiles one graph for greedy decoding and one for sampling, each at its
+# kept cache's shape; a cache rebuilt at another shape is one more compile, with the sizes that
+# changed made symbolic (automatic dynamic shapes), whose graph then serves every later size. A GPU
+# records a CUDA graph of each, and records again whenever a static input (a weight, a cache)
+# moves or a size changes: here only a new cache does. counters() has each count.
+_kept = {}  # "greedy" (evaluation) and "sampled" (step 1) calls' caches: one object if alike
+_compiled, _failed, _recording = {}, [], []
+COUNTS = {"compiles": 0, "cudagraph_records": 0, "caches": 0, "skips_before": 0}
 
 
-def compiles():
-    """How many graphs the decode step has compiled in this process: one per (rows, width bucket,
-    temperature, autocast) seen, and a recompile would show here (gpu_check counts them)."""
-    return STATS["compiles"]
+def static_cache(model, rows, width, new_tokens, greedy):
+    """The static KV cache for a call of `rows` rows, prompts of `width` columns and new_tokens, in
+    the dtype of the keys and values: a new one of width + new_tokens columns, or with the step
+    compiled, the one kept for greedy (evaluation) or sampled (step 1) calls, zeroed. A kept cache
+    holds at least the call's rows (fill_rows copies its last row into the others) and its prompt
+    width, rounded up to a power of two; greedy and sampled calls of as many rows share one. A call
+    that needs more builds a larger one (counted); out of memory drops them (generation_mode)."""
+    device = next(model.parameters()).device
+    dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+             else model.get_output_embeddings().weight.dtype)  # what k_proj and v_proj give
+    need = (rows, width + new_tokens, dtype, device)
+    if _backend(device) is None:
+        return _static_cache(model, *need)
+    name, other = ("greedy", "sampled") if greedy else ("sampled", "greedy")
+    if not _holds(_kept.get(name), *need):
+        if _holds(_kept.get(other), *need) and _rows(_kept[other]) == rows:
+            _kept[name] = _kept[other]
+        else:  # a larger one; the old goes first, so that two are never held at once
+            old = _kept.pop(name, None)
+            rows = max(rows, 0 if old is None else _rows(old))
+            width = max(width, 0 if old is None else old.layers[0].max_cache_len - new_tokens,
+                        MIN_WIDTH)
+            shared = old is not None and _kept.get(other) is old and _rows(old) == rows
+            if shared:  # the other kind's calls move to the new one with this one
+                del _kept[other]
+            del old
+            _kept[name] = _static_cache(model, rows, 2 ** math.ceil(math.log2(width)) + new_tokens,
+                                        dtype, device)
+            _kept.update({other: _kept[name]} if shared else {})
+            COUNTS["caches"] += 1
+    _kept[name].reset()  # zeros: a masked column must hold no NaN of an earlier call
+    return _kept[name]
+
+
+def _static_cache(model, rows, columns, dtype, device):
+    """A new StaticCache of rows x columns, every layer's keys and values allocated (zeros) and
+    marked as static addresses (transformers does, for CUDA graphs)."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    cache = StaticCache(config=c, max_cache_len=columns)
+    cache.early_initialization(rows, c.num_key_value_heads, head_dim, dtype, device)
+    return cache
+
+
+def _rows(cache):
+    return cache.layers[0].keys.shape[0]
+
+
+def _holds(cache, rows, columns, dtype, device):
+    keys = None if cache is None else cache.layers[0].keys
+    return keys is not None and keys.shape[0] >= rows and keys.shape[2] >= columns and \
+        keys.dtype == dtype and keys.device == device
+
+
+def fill_rows(x, cache):
+    """x (b, ...) followed by copies of its last row up to the cache's rows (None stays None): a
+    kept cache's rows beyond a call's decode copies of its last, which stop when it does."""
+    extra = 0 if x is None else _rows(cache) - len(x)
+    return x if not extra else torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
+
+
+def decode_step(model, new_tokens):
+    """one_token as the loop calls it: eager, or compiled (COMPILE; on a GPU with CUDA graphs) with
+    its compiles counted; should compiling fail, one line says so and the run decodes on eagerly."""
+    device = next(model.parameters()).device
+    backend = _backend(device)
+    if backend is None:
+        return one_token
+    clock = torch.zeros((), dtype=torch.long, device=device)  # t, filled in place: no graph per t
+
+    def step(model, cache, pad, token, last, keys, t, temperature):
+        args = (model, cache, pad, token, last, keys, clock.fill_(t), temperature)
+        if _failed:
+            return one_token(*args)
+        before, t0 = _graphs(), time.time()
+        try:
+            if device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read
+            out = tuple(x.clone() for x in _compiled_step(backend)(*args))  # a replay reuses them
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the run goes on, eager
+            _failed.append(e)
+            print(f"decode step: compiling failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                  f"decoding on without compiling", file=sys.stderr, flush=True)
+            for layer in cache.layers:  # a failed call may have written its column
+                layer.cumulative_length.fill_(cache.layers[0].max_cache_len - new_tokens + t - 1)
+            return one_token(*args)
+        if _graphs() > before:
+            COUNTS["compiles"] += _graphs() - before
+            print(f"decode step: compiled for {len(token)} rows x {pad.shape[1]} columns in "
+                  f"{time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+        return out
+    return step
+
+
+def _backend(device):
+    """The torch.compile backend of the decode step on device, or None: eager."""
+    if _failed or COMPILE == "off" or COMPILE == "auto" and device.type != "cuda":
+        return None
+    return "reduce-overhead" if COMPILE == "auto" else COMPILE
+
+
+def _compiled_step(backend):
+    """one_token compiled whole (fullgraph: a graph break is an error), once per backend."""
+    if backend not in _compiled:
+        how = {"mode": backend} if backend == "reduce-overhead" else {"backend": backend}
+        _compiled[backend] = torch.compile(one_token, fullgraph=True, **how)
+        if backend == "reduce-overhead" and not _recording:
+            _count_recordings()
+    return _compiled[backend]
+
+
+def _count_recordings():
+    """Count each CUDA-graph recording (a graph's first, and every re-record) from dynamo's compile
+    callbacks, once a process; a torch without them leaves the count None (not reported)."""
+    _recording.append(True)
+    try:
+        from torch._dynamo.callback import CallbackTrigger, on_compile_start
+    except ImportError:
+        COUNTS["cudagraph_records"] = None
+        return
+
+    def count(args):
+        if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+            COUNTS["cudagraph_records"] += 1
+    on_compile_start(count)
+
+
+def _graphs():
+    """torch's count of the graphs dynamo has compiled in this process."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _skips():
+    """torch's count of the times inductor ran a graph without CUDA graphs, in this process."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def counters():
+    """What the decode step has cost in this process (since reset()), for the step's log row:
+    graphs dynamo compiled, CUDA-graph recordings (None: this torch does not report them), graphs
+    run without CUDA graphs (torch's cudagraph_skips), KV caches built to keep."""
+    return {"decode_compiles": COUNTS["compiles"],
+            "decode_cudagraph_records": COUNTS["cudagraph_records"],
+            "decode_cudagraph_skips": _skips() - COUNTS["skips_before"],
+            "decode_caches": COUNTS["caches"]}
 
 
 def compile_failures():
@@ -247,128 +500,16 @@ def compile_failures():
 
 
 def reset():
-    """The decode step as a new process has it: nothing compiled, no failure, no kept cache (for a
-    script that runs several train.py runs in one process: experiments/gpu_check.py)."""
-    if STATS["compiles"] or _failed:
+    """The decode step as a new process has it: nothing compiled, no failure, no kept cache or
+    weight copy, counts from 0 (for a script that runs several train.py runs in one process:
+    experiments/gpu_check.py)."""
+    if _compiled or _failed:
         torch.compiler.reset()
-    _kept.clear()
-    _compiled.clear()
+    COUNTS.update(compiles=0, caches=0, skips_before=_skips(),
+                  cudagraph_records=None if COUNTS["cudagraph_records"] is None else 0)
+    for kept in (_kept, _compiled, _copies, _buffer):
+        kept.clear()
     _failed.clear()
-
-
-def _graphs():
-    """torch's count of the graphs dynamo has compiled in this process."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
-
-class DecodeStep:
-    """The loop's model side. Built with the prompts (n, P), each prefilled once (the decoder body,
-    no lm_head) into a static KV cache of the rows (prompt_of (b,): each row's prompt) of length
-    P + max_new_tokens. first: (token, entropy, bad) at t = 0, drawn from each prompt's last hidden
-    state. Then self(token, t): the token of every row at position t - 1 through the cache, the
-    next drawn (the decoder, the lm_head and the sampler: one graph on a GPU)."""
-
-    def __init__(self, model, prompt_ids, prompt_mask, prompt_of, max_new_tokens, temperature,
-                 keys):
-        device = prompt_ids.device
-        self.backend = COMPILE if COMPILE not in ("auto", "off") else (
-            "reduce-overhead" if COMPILE == "auto" and device.type == "cuda" else None)
-        if _failed:
-            self.backend = None
-        if self.backend:  # a bounded number of widths, one compile each
-            kept = _kept.get((id(model), len(prompt_of), max_new_tokens, device))
-            width = max(-(-prompt_ids.shape[1] // BUCKET) * BUCKET,
-                        kept.layers[0].max_cache_len - max_new_tokens if kept else 0)
-            pad = width - prompt_ids.shape[1]
-            prompt_ids, prompt_mask = F.pad(prompt_ids, (pad, 0)), F.pad(prompt_mask, (pad, 0))
-        self.model, self.temperature, self.keys = model, temperature, keys
-        # t as a tensor, so that a new t is no new graph; filled in place (no copy from the host)
-        self.t = torch.zeros((), dtype=torch.long, device=device)
-        self.sync_every = 1 if device.type == "cpu" else SYNC_EVERY  # a CPU's sync costs nothing
-        self.P, b = prompt_ids.shape[1], len(prompt_of)
-        positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)  # (n, P) as generate derives them
-        kv = DynamicCache(config=model.config)
-        hidden = model.get_decoder()(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     position_ids=positions, cache=kv, use_cache=True)
-        self.cache = _static_cache(model, kv, prompt_of, max_new_tokens, self.backend)
-        # (b, L): the padding; causality comes from the cache's length
-        self.mask = torch.cat([prompt_mask[prompt_of],
-                               prompt_mask.new_ones(b, max_new_tokens)], dim=1)
-        self.last = positions[prompt_of, -1]  # (b,) the last prompt token's position
-        # on a CPU, one (b, V) buffer for every step's logits
-        weight = model.get_output_embeddings().weight  # (V, H)
-        self.out = None if self.backend or device.type != "cpu" else torch.empty(
-            b, weight.shape[0], dtype=weight.dtype, device=device)
-        self.first = sample(head_logits(model, hidden.last_hidden_state[prompt_of, -1], self.out),
-                            keys, 0, temperature)
-
-    def __call__(self, token, t):
-        """(token, entropy, bad) at decode position t, from token (b,), drawn at t - 1."""
-        args = (self.model, self.cache, token, self.mask, self.last + t, self.keys,
-                self.t.fill_(t), self.temperature, self.out)
-        if not self.backend or _failed:
-            return _one_token(*args)
-        before, t0 = _graphs(), time.time()
-        try:
-            if token.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # outputs of the last replay are read
-            out = tuple(x.clone() for x in _compiled_step(self.backend)(*args))
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # the run goes on, eager
-            _failed.append(e)
-            print(f"decode step: compiling failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                  f"decoding on without compiling", file=sys.stderr, flush=True)
-            for layer in self.cache.layers:  # a failed call may have written its column
-                layer.cumulative_length.fill_(self.P + t - 1)
-            return _one_token(*args)
-        if _graphs() > before:
-            STATS["compiles"] += _graphs() - before
-            print(f"decode step: compiled for {token.shape[0]} rows x {self.mask.shape[1]} columns "
-                  f"in {time.time() - t0:.1f} s (once per width bucket of {BUCKET})",
-                  file=sys.stderr, flush=True)
-        return out
-
-
-def _one_token(model, cache, token, mask, positions, keys, t, temperature, out=None):
-    """The decode step: token (b,) at positions (b,) through the decoder and its cache, then the
-    lm_head and the sampler -> (token, entropy, bad) at decode position t."""
-    hidden = model.get_decoder()(input_ids=token[:, None], attention_mask=mask,
-                                 position_ids=positions[:, None], cache=cache, use_cache=True)
-    return sample(head_logits(model, hidden.last_hidden_state[:, -1], out), keys, t, temperature)
-
-
-def _compiled_step(backend):
-    """_one_token compiled whole (fullgraph: a graph break is an error), once per backend."""
-    if backend not in _compiled:
-        how = {"mode": backend} if backend == "reduce-overhead" else {"backend": backend}
-        _compiled[backend] = torch.compile(_one_token, fullgraph=True, **how)
-    return _compiled[backend]
-
-
-def _static_cache(model, kv, prompt_of, max_new_tokens, reuse):
-    """A StaticCache of len(prompt_of) rows and P + max_new_tokens columns holding the prefill kv
-    (P columns) of each row's prompt (every layer's keys and values in the prefill's dtype: under
-    autocast, the autocast dtype). reuse: a compiled step's, kept for the next call of its shape."""
-    keys = kv.layers[0].keys  # (n, kv_heads, P, head_dim)
-    b, P = len(prompt_of), keys.shape[2]
-    name = (id(model), b, max_new_tokens, keys.device)
-    cache = _kept.get(name) if reuse else None
-    shape = (b, keys.shape[1], P + max_new_tokens, keys.shape[3])
-    if cache is None or len(cache.layers) != len(kv.layers) or \
-            cache.layers[0].keys.shape != shape or cache.layers[0].keys.dtype != keys.dtype:
-        cache = StaticCache(config=model.config, max_cache_len=P + max_new_tokens)
-        cache.early_initialization(b, keys.shape[1], keys.shape[3], keys.dtype, keys.device)
-        _kept.clear()
-        if reuse:
-            _kept[name] = cache
-    else:
-        cache.reset()
-    for static, layer in zip(cache.layers, kv.layers):
-        static.keys[:, :, :P] = layer.keys[prompt_of]
-        static.values[:, :, :P] = layer.values[prompt_of]
-        static.cumulative_length.fill_(P)
-    return cache
 
 
 # -----------------------------------------------------------------------------
@@ -380,7 +521,8 @@ class Sampler(LogitsProcessor):
     0 at the drawn token and -inf elsewhere, over which generate then decodes greedily. It runs with
     the blank configuration of generation_mode, so no processor of its own runs before this one and
     the scores here are the raw logits. Row i of the call is row first_row + i of the whole batch;
-    its stream key is built at the first decode step, on the logits' device."""
+    its stream key is built at the first decode step, on the logits' device. Greedy (temperature 0)
+    is its argmax, so that NaN or inf logits are an error there too."""
 
     def __init__(self, temperature, seed, first_row=0):
         self.temperature, self.seed, self.first_row = temperature, seed, first_row
@@ -388,15 +530,15 @@ class Sampler(LogitsProcessor):
         self.keys = self.first_nonfinite = None  # (b,) int64 row_keys; (b,) long first_bad
 
     def __call__(self, input_ids, scores):
-        if self.keys is None:  # once per generate call, on the logits' device
+        if self.first_nonfinite is None:  # once per generate call, on the logits' device
             b, device = scores.shape[0], scores.device
-            self.keys = row_keys(self.seed, torch.arange(self.first_row, self.first_row + b,
-                                                         device=device))
+            rows = torch.arange(self.first_row, self.first_row + b, device=device)
+            self.keys = row_keys(self.seed, rows) if self.temperature > 0 else None
             self.first_nonfinite = torch.full((b,), -1, dtype=torch.long, device=device)
-        if self.keys.shape[0] != scores.shape[0]:
+        if self.first_nonfinite.shape[0] != scores.shape[0]:
             raise RuntimeError(f"Sampler: {scores.shape[0]} rows at decode step {self.t}, "
-                               f"{self.keys.shape[0]} at the first: use one Sampler per generate "
-                               f"call")
+                               f"{self.first_nonfinite.shape[0]} at the first: use one Sampler "
+                               f"per generate call")
         token, entropy, bad = sample(scores, self.keys, self.t, self.temperature)
         self.entropy.append(entropy)
         self.first_nonfinite = first_bad(self.first_nonfinite, bad, self.t)
@@ -411,10 +553,10 @@ class Sampler(LogitsProcessor):
 def hf_generate(model, prompt_ids, prompt_mask, max_new_tokens, stop_ids, pad_id, temperature,
                 top_p, seed, first_row, stop=None):
     """The hf engine: transformers' generate on the rows (b, P), plain (every row prefilled on its
-    own, its dynamic cache), sampling with Sampler (temperature > 0, top_p = 1), greedy, or with its
-    own nucleus sampler (top_p < 1, from torch's generator). -> tokens (b, t), t <= max_new_tokens
-    (less when every row stopped), and the entropy (b, t) or None."""
-    sampler = Sampler(temperature, seed, first_row) if temperature > 0 and top_p == 1 else None
+    own, its dynamic cache), sampling or greedy with Sampler (top_p = 1), or with its own nucleus
+    sampler (top_p < 1, from torch's generator). -> tokens (b, t), t <= max_new_tokens (less when
+    every row stopped), and the entropy (b, t) or None."""
+    sampler = Sampler(temperature, seed, first_row) if top_p == 1 else None
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                          generation_config=clean_generation_config(max_new_tokens, stop_ids,
                                                                    pad_id, temperature, top_p),
@@ -436,7 +578,7 @@ def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p
         # nothing else (transformers' default top_k is 50)
         sampling = dict(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0)
     else:
-        sampling = dict(do_sample=False)  # greedy; with our Sampler, greedy over its one-hot scores
+        sampling = dict(do_sample=False)  # our Sampler, then greedy over its one-hot scores
     return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids),
                             pad_token_id=pad_id, **sampling)
 
@@ -445,15 +587,26 @@ def clean_generation_config(max_new_tokens, stop_ids, pad_id, temperature, top_p
 def generation_mode(model, device):
     """The model as generate_groups samples from it, restored afterwards even on an error: eval
     mode, no gradient, a blank model.generation_config (generate fills every field the configuration
-    it is given leaves unset from it), and under autocast the hooks of _rotary_in_autocast_dtype."""
+    it is given leaves unset from it), and under autocast the hooks of _rotary_in_autocast_dtype and
+    the weights of decode_weights. Out of memory drops the kept caches: the retry, with fewer rows,
+    builds its own."""
     hooks = _rotary_in_autocast_dtype(model, device)
     was_training, checkpoint_config = model.training, model.generation_config
     model.eval()
     model.generation_config = GenerationConfig()
+    restore = []
     try:
+        restore.append(decode_weights(model, device))
         with torch.no_grad():
             yield
+    except BaseException as e:
+        if is_out_of_memory(e):
+            _kept.clear()
+        raise
     finally:
+        for swap_back in restore:
+            swap_back()
+        _buffer.clear()
         for hook in hooks:
             hook.remove()
         model.generation_config = checkpoint_config

@@ -25,10 +25,13 @@ STEP = {"step", "seconds", "generation_s", "update_s", "fwd_bwd_s", "generation_
         "generated_tokens", "generated_tokens_per_s", "pad_share", "truncated", "rho_s", "rho_t",
         "kept", "rollouts", "fwd_bwd_tokens", "tokens_trained", "decoder_tokens_grad",
         "decoder_tokens_no_grad", "head_positions_grad", "head_positions_no_grad", "compiles",
-        "updates", "ratio_first", "ratio_min", "ratio_max", "clip_frac"}
+        "cudagraph_records", "cudagraph_skips", "caches", "updates", "ratio_first", "ratio_min",
+        "ratio_max", "clip_frac"}
 HEADLINE = {"step_s", "generation_s", "update_s", "generation_share", "generated_tokens_per_s",
             "pad_share", "steady_steps", "warm_up_step_s", "compiles_first_step",
-            "recompiles_after_first_step", "compile", "auto", "predicted_gib", "peak_gib",
+            "recompiles_after_first_step", "cudagraph_records_first_step",
+            "rerecords_after_first_step", "caches_built_after_first_step", "cudagraph_skips",
+            "evaluation_s", "compile", "auto", "predicted_gib", "peak_gib",
             "reserved_over_predicted", "out_of_memory_retries", "fits"}
 
 
@@ -64,7 +67,10 @@ def test_the_dry_run_of_every_part(tmp_path):
     for name in ("loop", "hf", "grpo", "gib24", "gib16", "lora", "float16"):
         assert HEADLINE <= set(parts[name]), name
     assert set(parts["loop"]["targets"]) == {"generated_tokens_per_s >= 80000",
-                                             "no recompile after the first step"}
+                                             "no recompile after the first step",
+                                             "no CUDA-graph re-record after the first step"}
+    # the loop's run evaluates (at its steps 0 and 2, the end), the others do not
+    assert len(runs["d3s"]["evaluation_s"]) == 2 and runs["d3s-hf"]["evaluation_s"] == []
     assert set(parts["loop"]["targets"].values()) == {None}  # a dry run judges no target
     loop, hf = (runs[k]["steady_median"]["generation_s"] for k in ("d3s", "d3s-hf"))
     assert parts["hf"]["loop_over_hf_generation_s"] == round(loop / hf, 3)
@@ -127,6 +133,26 @@ def test_a_crash_is_shown_with_its_traceback_and_the_next_part_goes_on(tmp_path,
     assert "run grpo: ERROR RuntimeError: CUDA error: device-side assert triggered" in log
     assert "run grpo: ERROR RuntimeError" in capsys.readouterr().out
     assert train.score.__module__ == "reward"  # train.py's names are its own again
+
+
+@requires_shared
+def test_the_loop_part_counts_what_evaluations_cost_the_decode_step(tmp_path, monkeypatch):
+    """The loop's run with the decode step compiled (the eager backend, as on a CPU), 3 steps,
+    evaluating at steps 0 and 2 and at its end: its two graphs (greedy, sampled) are compiled and
+    its two caches (4 evaluation rows, 8 rollouts) built in the first step, its evaluation
+    included, and nothing after, the evaluation at step 2 included. No CUDA graph on a CPU."""
+    monkeypatch.setattr(sampling, "COMPILE", "eager")
+    out = tmp_path / "check"
+    assert gpu_check.main(["--dry_run", *DATA, "--out", str(out), "--steps", "3", "--parts",
+                           "loop"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    loop, run = summary["parts"]["loop"], summary["runs"]["d3s"]
+    assert loop["status"] == "done" and len(loop["evaluation_s"]) == 3
+    assert (loop["compiles_first_step"], loop["recompiles_after_first_step"],
+            loop["caches_built_after_first_step"]) == (2, 0, 0)
+    assert (run["warm_up"]["caches"], [s["caches"] for s in run["steady"]]) == (2, [0, 0])
+    assert (loop["cudagraph_records_first_step"], loop["rerecords_after_first_step"],
+            loop["cudagraph_skips"]) == (0, 0, 0)
 
 
 @requires_shared

@@ -1,8 +1,10 @@
 """rollout.py and machinery/sampling.py on tiny real models: group layout, masks by position,
 stop ids, left padding, a checkpoint's generation_config that must change nothing, the decode loop
-against transformers' generate bit for bit, its compiled step (traced on the CPU), samples that do
-not depend on batching, the sampler's and the hash's distributions, and chunked log-probs /
-entropies against the plain full-logits computation."""
+against transformers' generate (token for token on tiny models; in general up to the rounding of
+the logits, the sampler being exactly a function of them), its compiled step (traced on the CPU:
+tests/test_decode_trace.py has its graph), samples that do not depend on batching, the sampler's
+and the hash's distributions, and chunked log-probs / entropies against the plain full-logits
+computation."""
 import copy
 import math
 import warnings
@@ -253,10 +255,11 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     """The guard against a checkpoint's knobs and against a future transformers that adds one:
     the exact logits processors and stopping criteria that `generate` builds, recorded from
     inside it (the real methods, called through). The checkpoint's own configuration builds 22
-    processors; the hf engine builds ours alone (the Sampler; none for greedy; temperature and
-    top_p for nucleus sampling) and stops only at max_new_tokens or a stop id. A processor that a
-    new transformers adds by default, or fills in from the checkpoint, lands in these lists and
-    fails this test. The loop calls no generate at all, but for nucleus sampling."""
+    processors; the hf engine builds ours alone (the Sampler, greedy too, where it is the argmax
+    and marks NaN logits; temperature and top_p for nucleus sampling) and stops only at
+    max_new_tokens or a stop id. A processor that a new transformers adds by default, or fills in
+    from the checkpoint, lands in these lists and fails this test. The loop calls no generate at
+    all, but for nucleus sampling."""
     _, loaded = checkpoint
     built = {"_get_logits_processor": [], "_get_stopping_criteria": []}
     for name, calls in built.items():
@@ -273,14 +276,14 @@ def test_generate_builds_no_processor_but_ours(tok, checkpoint, monkeypatch):
     assert "MaxTimeCriteria" in built["_get_stopping_criteria"].pop()
 
     nucleus = ["TemperatureLogitsWarper", "TopPLogitsWarper"]
-    for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), []),
+    for kwargs, ours in ((dict(temperature=0.7), ["Sampler"]), (dict(temperature=0), ["Sampler"]),
                          (dict(temperature=0.7, top_p=0.9), nucleus)):
         for engine in sampling.ENGINES:
             rollout.generate_groups(loaded, tok, PROMPTS, 2, 6, batch_size=4, engine=engine,
                                     **kwargs)
             calls = built["_get_logits_processor"]
             # 8 rows, 4 per generate call
-            n = 0 if engine == "loop" and ours != nucleus else 2
+            n = 0 if engine == "loop" and "temperature" in kwargs and len(kwargs) == 1 else 2
             assert calls == [ours] * n, (kwargs, engine)
             stopping = ["MaxLengthCriteria", "EosTokenCriteria"]
             assert built["_get_stopping_criteria"] == [stopping] * n
@@ -613,14 +616,16 @@ def test_samples_do_not_depend_on_batching_engine_or_other_draws(tok, model):
 
 # ------------------------------------------------------------------ the decode loop against generate
 
-def test_the_loop_equals_generate_bit_for_bit(tok, model):
-    """rollout.decode against transformers' generate (the hf engine), on the CPU in float32: the
-    same tokens, masks, texts, truncation flags and decoded row-positions, sampled (T = 1 and 0.7)
-    and greedy, at every batch split, with prompts of different lengths, a pad id that is also a
-    stop id, a row that stops at its first token, and a budget of one token; the entropies to
-    float32 rounding (the loop's static cache and shared prefill sum in another order). On the CPU
-    the loop checks for "all stopped" every step, so it decodes exactly the longest row of each
-    call, as generate does."""
+def test_the_loop_equals_generate_on_a_tiny_model(tok, model):
+    """rollout.decode against transformers' generate (the hf engine), on the CPU in float32, on a
+    tiny model whose distributions put no uniform near an edge (so the rounding of the logits
+    flips no token: test_the_engines_agree_up_to_the_rounding_of_their_logits has the general
+    case): the same tokens, masks, texts, truncation flags and decoded row-positions, sampled
+    (T = 1 and 0.7) and greedy, at every batch split, with prompts of different lengths, a pad id
+    that is also a stop id, a row that stops at its first token, and a budget of one token; the
+    entropies to float32 rounding (the loop's static cache and shared prefill sum in another
+    order). On the CPU the loop checks for "all stopped" every step, so it decodes exactly the
+    longest row of each call, as generate does."""
     free = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, engine="hf")
     first = int(free.completion_ids[0, 0])  # row 0's first token: a stop id below
     commonest = int(free.completion_ids.flatten().mode().values)  # so that rows stop
@@ -643,6 +648,73 @@ def test_the_loop_equals_generate_bit_for_bit(tok, model):
                     assert loop.truncated.any() and (loop.lengths[~loop.truncated] > 1).any()
                 if N == 1:
                     assert loop.completion_ids.shape[1] == 1
+
+
+def test_a_rows_sample_is_a_function_of_its_logits_alone():
+    """What is exact on any device: a row's token and entropy are a function of its logits and its
+    key alone. 40 rows of the real vocabulary's width (151,936: chunks of 6 rows on a CPU),
+    sampled at T = 1 and 0.7 and greedy, in one batch, one row at a time and in reverse order
+    (their keys with them): the same tokens and bit for bit the same entropies; the hf engine's
+    Sampler draws the same tokens from the same logits."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, 151_936, generator=g) * 2
+    keys = sampling.row_keys(9, torch.arange(40))
+    for T in (1.0, 0.7, 0.0):
+        token, entropy, _ = sampling.sample(logits.clone(), keys, 5, T)
+        alone = [sampling.sample(logits[i:i + 1].clone(), keys[i:i + 1], 5, T) for i in range(40)]
+        assert torch.equal(torch.cat([a[0] for a in alone]), token)
+        assert torch.equal(torch.cat([a[1] for a in alone]), entropy)
+        back = sampling.sample(logits.flip(0).clone(), keys.flip(0), 5, T)
+        assert torch.equal(back[0].flip(0), token) and torch.equal(back[1].flip(0), entropy)
+        sampler = sampling.Sampler(T, seed=9)
+        sampler.t = 5
+        assert torch.equal(sampler(None, logits.clone()).argmax(dim=-1), token)
+    assert len(set(token.tolist())) > 30  # precondition: the rows differ
+
+
+@requires_shared
+def test_the_engines_agree_up_to_the_rounding_of_their_logits(qwen_tok, monkeypatch):
+    """What is equal up to rounding: the tokens of the two engines, in float32 and under bf16
+    autocast. A random model of the real vocabulary is nearly flat (each of 151,936 tokens ~7e-6
+    of the mass), where a uniform can fall within rounding of an edge. Every logits row each
+    engine's sampler was given is recorded: while a row's tokens agree, the engines' logits differ
+    by rounding at most (here by nothing: on this CPU the shared prefill and the static cache sum
+    in the same order as generate's; experiments/bench_decode.py's 256 rows of GSM8K prompts
+    differ by a few ulps, and a row now and then), and every token each engine drew is sample() of
+    its own logits, redrawn alone. So two engines' rows can differ only where the rounding of
+    their logits moves a uniform across an edge."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(qwen_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model.generation_config.eos_token_id = [151645]
+    seen, real = {}, sampling.sample
+
+    def recorded(logits, keys, t, temperature):
+        seen[engine].append((logits.clone(), keys))
+        return real(logits, keys, t, temperature)
+    monkeypatch.setattr(sampling, "sample", recorded)
+    monkeypatch.setattr(rollout, "sample", recorded)
+    prompts = ["Question: a farmer has 3 cows and 8 hens; how many legs are there?\nAnswer:",
+               "Q: 7 =", "Say hi:", "Count: " + " ".join(map(str, range(30)))]
+    for dtype, rounding in ((torch.float32, 1e-5), (torch.bfloat16, 2 ** -6)):
+        tokens = {}
+        for engine in sampling.ENGINES:
+            seen[engine] = []
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                tokens[engine] = rollout.generate_groups(model, qwen_tok, prompts, 4, 12,
+                                                         seed=4).completion_ids
+        assert len(seen["loop"]) == len(seen["hf"]) == 12  # no row stops: every step recorded
+        same = torch.ones(16, dtype=torch.bool)
+        for t, ((a, keys), (b, _)) in enumerate(zip(seen["loop"], seen["hf"])):
+            assert float((a.float() - b.float()).abs()[same].max()) <= rounding
+            for engine, logits in (("loop", a), ("hf", b)):
+                for i in range(16):  # a function of its own logits
+                    alone = real(logits[i:i + 1].clone(), keys[i:i + 1], t, 1.0)[0]
+                    assert int(alone) == int(tokens[engine][i, t])
+            same &= tokens["loop"][:, t] == tokens["hf"][:, t]
+        assert float(seen["loop"][0][0].float().std()) > 0.1  # precondition: logits that size
 
 
 def test_the_loop_is_what_runs(tok, model, monkeypatch):
@@ -713,37 +785,86 @@ def test_the_two_level_search_is_the_inverse_cdf():
 @pytest.fixture
 def compiling(monkeypatch):
     """The decode step compiled as on a GPU, with torch.compile's eager backend (no compiler
-    needed), from a clean slate: no compiled graph, no kept cache, no earlier failure."""
-    torch.compiler.reset()
+    needed), from a clean slate (sampling.reset: no graph, no kept cache, no failure, counts 0)."""
+    sampling.reset()
     monkeypatch.setattr(sampling, "COMPILE", "eager")
-    monkeypatch.setattr(sampling, "_compiled", {})
-    monkeypatch.setattr(sampling, "_kept", {})
-    monkeypatch.setattr(sampling, "_failed", [])
     yield
-    torch.compiler.reset()
+    sampling.reset()
 
 
 def test_the_compiled_step_is_one_graph_with_the_same_tokens(tok, model, compiling, capsys):
     """The step a GPU compiles (the decoder, the lm_head and the sampler, fullgraph=True: a graph
-    break is an error), traced here with the eager backend: the same tokens as the eager loop, one
-    line for its one compile; a second call at another prompt width inside the same bucket, at
-    another seed, compiles nothing (t is a tensor, the widths are bucketed, the cache is reused);
-    another number of rows is another graph."""
+    break is an error), traced here with the eager backend: the same tokens as the eager loop,
+    sampled and greedy, and one line for each compile. Calls at another prompt width (within the
+    kept cache's power of two), seed or fewer rows (filled up to the cache's with copies of their
+    last) compile nothing and build no cache; greedy decoding is one more graph over the same
+    cache; a wider prompt or more rows than the kept cache are a new cache and one compile more
+    (automatic dynamic shapes: the size made symbolic), after which fewer rows again compile
+    nothing; greedy calls of as many rows move to the wider cache too."""
     sampling.COMPILE = "off"
     eager = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
+    greedy = rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=0)
+    fewer = rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3)
     sampling.COMPILE = "eager"
-    before = sampling.compiles()
     compiled = rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11, record_entropy=True)
     assert_same_rollouts(compiled, eager, entropy_atol=1e-5)
-    assert sampling.compiles() == before + 1 and not sampling._failed
+    assert sampling.counters() == {"decode_compiles": 1, "decode_cudagraph_records": 0,
+                                   "decode_cudagraph_skips": 0, "decode_caches": 1}
     line, = capsys.readouterr().err.splitlines()
-    assert line.startswith("decode step: compiled for 12 rows x 72 columns in ")
+    assert line.startswith("decode step: compiled for 12 rows x 72 columns in ")  # 64 + 8
     narrower = ["Q: 1", "Question: 1+2\nAnswer:", "Q:", "Question: 5+5\nAnswer:"]
     assert compiled.prompt_ids.shape[1] != rollout.generate_groups(
         model, tok, narrower, 3, 8, seed=3).prompt_ids.shape[1]  # precondition: another width
-    assert sampling.compiles() == before + 1 and capsys.readouterr().err == ""
-    rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3)
-    assert sampling.compiles() == before + 2
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3), fewer)
+    assert sampling.counters()["decode_compiles"] == 1 and capsys.readouterr().err == ""
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 3, 8, temperature=0), greedy)
+    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == (2, 1)
+    assert sampling._kept["greedy"] is sampling._kept["sampled"]  # as many rows: one cache
+    assert capsys.readouterr().err.startswith("decode step: compiled for 12 rows x 72 columns")
+    # a prompt wider than 64 columns: a wider cache, which greedy calls (as many rows) move to
+    wide = rollout.generate_groups(model, tok, ["Q: " + "1+" * 40] + PROMPTS[1:], 3, 8, seed=3)
+    assert wide.prompt_ids.shape[1] > 64 and sampling.counters()["decode_caches"] == 2
+    assert sampling._kept["greedy"] is sampling._kept["sampled"]
+    assert sampling._kept["greedy"].layers[0].keys.shape[:3] == (12, 2, 128 + 8)
+    compiles = sampling.counters()["decode_compiles"]  # 3: the width made symbolic
+    rollout.generate_groups(model, tok, PROMPTS, 4, 8, seed=3)  # 16 rows
+    assert (sampling.counters()["decode_compiles"], sampling.counters()["decode_caches"]) == \
+        (compiles + 1, 3)
+    assert "decode step: compiled for 16 rows x 136 columns" in capsys.readouterr().err
+    assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 2, 8, seed=3), fewer)
+    assert sampling.counters()["decode_compiles"] == compiles + 1
+    assert not sampling.compile_failures()
+
+
+def test_no_compile_and_no_new_cache_after_the_first_step(tok, model, compiling):
+    """train.py's pattern, the step compiled: each step an evaluation (greedy, 13 rows in calls of
+    8 and 5, numbered on over the calls) and a rollout (12 sampled rows, other prompts each
+    step). Everything compiles and every cache is built in the first step; after it nothing is
+    compiled or built, and the kept caches' tensors stay at the addresses they had (a CUDA graph
+    replays on them: no re-record). Every call gives the eager loop's tokens."""
+    prompts = [f"Question: {i}+{i % 7}\nAnswer:" for i in range(13)] + PROMPTS
+
+    def step(i):
+        evaluation = [rollout.generate_groups(model, tok, prompts[:8], 1, 6, temperature=0),
+                      rollout.generate_groups(model, tok, prompts[8:13], 1, 6, temperature=0,
+                                              first_row=8)]
+        return evaluation + [rollout.generate_groups(model, tok, prompts[4 * i:4 * i + 4], 3, 6,
+                                                     seed=i)]
+    sampling.COMPILE = "off"
+    eager = [step(i) for i in range(3)]
+    sampling.COMPILE = "eager"
+    counts, addresses = [], []
+    for i in range(3):
+        for got, want in zip(step(i), eager[i]):
+            assert_same_rollouts(got, want)
+        counts.append(sampling.counters())
+        addresses.append({k: [t.data_ptr() for layer in cache.layers
+                              for t in (layer.keys, layer.values)]
+                          for k, cache in sampling._kept.items()})
+    assert counts[0]["decode_compiles"] == 2 and counts[0]["decode_caches"] == 2
+    assert counts[0] == counts[1] == counts[2]
+    assert addresses[0] == addresses[1] == addresses[2] and set(addresses[0]) == {"greedy",
+                                                                                  "sampled"}
 
 
 def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compiling, capsys,
@@ -757,7 +878,7 @@ def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compil
 
     def broken(backend):
         def step(*args):
-            sampling._one_token(*args)
+            sampling.one_token(*args)
             raise RuntimeError("capture failed\nat some depth")
         return step
     monkeypatch.setattr(sampling, "_compiled_step", broken)
@@ -768,7 +889,7 @@ def test_a_compile_failure_says_one_line_and_decodes_on_eager(tok, model, compil
         "compiling"]
     assert_same_rollouts(rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=11,
                                                  record_entropy=True), eager, entropy_atol=1e-5)
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and sampling.compile_failures()
 
 
 # chi-square quantiles P(X > q) = 0.001 (scipy.stats.chi2.isf(0.001, df)): a fixed seed, so these
@@ -932,6 +1053,31 @@ def test_generation_keeps_its_cache_in_the_autocast_dtype(tok, model):
         handle.remove()
 
 
+def test_the_decode_weights_are_autocasts_values(tok, model, monkeypatch):
+    """Under bf16 autocast the decode reads bf16 copies of every linear's weights and the lm_head's
+    (sampling.decode_weights) where autocast would cast each at every step: the same values, so
+    bit for bit the same tokens and entropies, either engine. The copies follow the masters: after
+    a weight changes (as an optimizer step changes it) the next call reads the new one."""
+    def rollouts():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return [rollout.generate_groups(model, tok, PROMPTS, 3, 8, seed=5, engine=engine,
+                                            record_entropy=True) for engine in sampling.ENGINES]
+    for change in (False, True):
+        if change:
+            with torch.no_grad():
+                model.get_decoder().layers[0].mlp.up_proj.weight.mul_(1.5)
+        copied = rollouts()
+        with monkeypatch.context() as m:
+            m.setattr(sampling, "decode_weights", lambda *a: lambda: None)  # autocast's casts
+            cast = rollouts()
+        for a, b in zip(copied, cast):
+            assert_same_rollouts(a, b)  # entropies too, exactly
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        if not change:
+            before = copied[0]
+    assert not torch.equal(before.completion_ids, copied[0].completion_ids)  # precondition
+
+
 # ----------------------------------------------------------------- no host-device syncs, bad logits
 
 def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
@@ -957,36 +1103,42 @@ def test_sampler_hashes_seed_and_rows_once_per_call(monkeypatch):
 def test_nonfinite_logits_are_an_error(tok, model):
     """NaN or +inf logits (or a row with every logit -inf) leave a row with no distribution: the
     sampler marks the first such decode position of each row on the device and check_finite()
-    raises, naming the first; a -inf logit alone is a probability-0 token, not an error. A model
-    with a NaN weight stops generate_groups with that error, and leaves the model as it found it."""
+    raises, naming the first; a -inf logit alone is a probability-0 token, not an error. Greedy
+    decoding the same: its argmax of NaN logits would be a token all the same. A model with a NaN
+    weight stops generate_groups with that error, sampling or greedy, with either engine, and
+    leaves the model as it found it (its float32 weights, and no copy left on its lm_head)."""
     nan, inf = math.nan, math.inf
-    sampler = sampling.Sampler(1.0, seed=0, first_row=10)
-    sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0],
-                                [0.0, 0.0, 0.0]]))
-    sampler.check_finite()  # a -inf logit is fine
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0],
-                                [-inf, -inf, -inf]]))
-    sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0],
-                                [0.0, 1.0, 2.0]]))
-    assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
-    with pytest.raises(sampling.NonFiniteLogits,
-                       match="3 of 4 rows; first at decode position 1 of row 11"):
-        sampler.check_finite()
+    for temperature in (1.0, 0.0):
+        sampler = sampling.Sampler(temperature, seed=0, first_row=10)
+        sampler(None, torch.tensor([[0.0, 1.0, -inf], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0],
+                                    [0.0, 0.0, 0.0]]))
+        sampler.check_finite()  # a -inf logit is fine
+        sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0],
+                                    [-inf, -inf, -inf]]))
+        sampler(None, torch.tensor([[0.0, 1.0, 2.0], [nan, 0.0, 1.0], [0.0, 1.0, 2.0],
+                                    [0.0, 1.0, 2.0]]))
+        assert sampler.first_nonfinite.tolist() == [-1, 1, 1, 1]  # each row's first
+        with pytest.raises(sampling.NonFiniteLogits,
+                           match="3 of 4 rows; first at decode position 1 of row 11"):
+            sampler.check_finite()
 
     with torch.no_grad():
         model.get_decoder().norm.weight[0] = nan  # every logit of every row NaN
     model.train()
     config = model.generation_config
     for engine in sampling.ENGINES:
-        with pytest.raises(sampling.NonFiniteLogits) as e:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                rollout.generate_groups(model, tok, PROMPTS, 2, 4, seed=0, batch_size=4,
-                                        engine=engine)
-        message = str(e.value)
-        assert "\n" not in message and isinstance(e.value, RuntimeError)
-        assert message.startswith("the model produced NaN or inf logits while sampling "
-                                  "(in 4 of 4 rows; first at decode position 0 of row 0)")
-        # what to do: the caller says (train.py)
-        assert message.endswith("its weights have probably diverged")
-        assert model.training and model.generation_config is config
-        assert not model.get_decoder().rotary_emb._forward_hooks
+        for temperature in (1.0, 0.0):
+            with pytest.raises(sampling.NonFiniteLogits) as e:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    rollout.generate_groups(model, tok, PROMPTS, 2, 4, temperature, seed=0,
+                                            batch_size=4, engine=engine)
+            message = str(e.value)
+            assert "\n" not in message and isinstance(e.value, RuntimeError)
+            assert message.startswith("the model produced NaN or inf logits while generating "
+                                      "(in 4 of 4 rows; first at decode position 0 of row 0)")
+            # what to do: the caller says (train.py)
+            assert message.endswith("its weights have probably diverged")
+            assert model.training and model.generation_config is config
+            assert not model.get_decoder().rotary_emb._forward_hooks
+            assert {p.dtype for p in model.parameters()} == {torch.float32}
+            assert "decode_weight" not in vars(model.get_output_embeddings())
