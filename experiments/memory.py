@@ -170,9 +170,9 @@ def measure_update(model, rows, prompt_len, new_tokens, kept, chunk):
 
 
 def measure_no_grad(model, rows, prompt_len, new_tokens, kept, chunk):
-    """Step 5 (train.entropy_and_old_logp with K > 1) on one micro-batch: the decoder without
-    gradient, then the head with the entropy. -> bytes above what existed before: decoder (its
-    most), head (its most)."""
+    """Step 7's no-grad pass (train.old_logprobs, K > 1) on one micro-batch: the decoder without
+    gradient, then the head. -> bytes above what existed before: decoder (its most), head (its
+    most)."""
     import torch
     from rollout import completion_hidden, head_logprobs
     ids, mask, keep = batch(rows, prompt_len, new_tokens, model.config.vocab_size, kept)
@@ -181,7 +181,7 @@ def measure_no_grad(model, rows, prompt_len, new_tokens, kept, chunk):
         with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
             hidden = completion_hidden(model, ids, mask, prompt_len)
             mark("decoder")
-            head_logprobs(model, hidden, ids[:, prompt_len:], keep, 1.0, True, chunk)
+            head_logprobs(model, hidden, ids[:, prompt_len:], keep, 1.0, False, chunk)
 
     memory, t = timeline(step)
     return {"decoder": peak(memory, end=t["decoder"]),
@@ -424,17 +424,17 @@ def measure(tokenizer, data_dir, log=print):
         f"embedding's backward {r['embedding'] / MiB:.0f} MiB ({m['embedding_backward']:.2f} "
         "x 4VH)")
 
-    # 3. step 5's no-grad pass: the decoder's transient per token, the head with the entropy a
-    # position
+    # 3. step 7's no-grad pass: the decoder's transient per token, the head a position (checks
+    # machinery/memory.py's NO_GRAD_HEAD)
     t0, e = time.time(), {}
     for rows, kept in ((1, 64), (2, 64), (2, 256)):
         e[rows, kept] = measure_no_grad(model, rows, P, T, kept, 4096)
     m["no_grad_decoder"] = (e[2, 64]["decoder"] - e[1, 64]["decoder"]) / L / layer_act_bytes(s, L)
-    m["entropy_head_per_position"] = (e[2, 256]["head"] - e[2, 64]["head"]) / 192 / V
+    m["no_grad_head_per_position"] = (e[2, 256]["head"] - e[2, 64]["head"]) / 192 / V
     out["no_grad"] = {str(k): v for k, v in e.items()}
     log(f"no-grad pass ({time.time() - t0:.0f} s): decoder {m['no_grad_decoder']:.3f} x a layer's "
-        f"activations a token; head with the entropy {m['entropy_head_per_position']:.2f} V bytes "
-        f"a position ({m['entropy_head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096)")
+        f"activations a token; head {m['no_grad_head_per_position']:.2f} V bytes a position "
+        f"({m['no_grad_head_per_position'] * V * 4096 / GiB:.2f} GiB at 4096)")
     del model
 
     # 4. gradient checkpointing: what each layer keeps, and a layer's recompute and backward

@@ -21,9 +21,9 @@ GiB = 2 ** 30
 # `python experiments/memory.py --json out/memory.json` at commit 99cc27c (experiments/speed.md)
 MEASURED = {"plain_backward": 0.202, "head_with_weight_grad_per_position": 4.02,
             "head_weight_grad": 1.0, "embedding_backward": 3.0, "head_per_position": 12.0,
-            "no_grad_decoder": 0.581, "entropy_head_per_position": 16.02,
+            "no_grad_decoder": 0.581,
             "checkpointed_per_token": 4.0, "checkpointed_backward": 1.116, "decode_per_row": 34.0}
-NO_GRAD_HEAD = 8.0  # V bytes a position of a no-grad head without the entropy (logits, log-softmax)
+NO_GRAD_HEAD = 8.0  # V bytes a position of a no-grad head (logits, log-softmax): an estimate
 # The published config.json of each model: all Qwen2 (GQA, biases on q/k/v, SwiGLU MLP, RMSNorm).
 SHAPES = {
     "Qwen2.5-0.5B": dict(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14,
@@ -132,8 +132,6 @@ class Job:
     rollouts: int = 256        # B = P x G sampled per step
     group_size: int = 8        # G
     eval_size: int = 500       # held-out prompts (a generation call holds at most EVAL_ROWS)
-    one_update: bool = False   # K = 1 (or M at least the fewest kept) is possible
-    kept_min: int = 64         # the fewest rollouts a step keeps (sample selection)
     token_share: float = 1.0   # the largest share of its tokens an update trains (rho_t)
     gspo_share: float = 0.0    # GSPO off-policy: the share in a no-grad head pass (the unkept)
     reference: bool = False    # beta > 0: a frozen reference's forward on every micro-batch
@@ -151,13 +149,11 @@ def job_of(cfg, prompt_len):
     sorted by length, so the first of a step holds its longest prompts, and over a run some step
     meets the data's longest."""
     B, M, K = cfg.prompts_per_step * cfg.group_size, cfg.minibatch_size, cfg.updates_per_batch
-    kept_min = max(1, math.floor(min(cfg.s_init, cfg.s_final) * B + 0.5))
     off_policy = K > 1 or M > 0  # mini-batches 2..K have logp_old
     lora = getattr(cfg, "lora_rank", 0)
     return Job(prompt_len=prompt_len, new_tokens=cfg.max_new_tokens, rollouts=B,
                group_size=cfg.group_size, eval_size=cfg.eval_size,
-               one_update=K == 1 or kept_min <= M,
-               kept_min=kept_min, token_share=max(cfg.t_init, cfg.t_final),
+               token_share=max(cfg.t_init, cfg.t_final),
                gspo_share=(1 - min(cfg.t_init, cfg.t_final)) * (cfg.loss == "gspo" and off_policy),
                reference=cfg.beta > 0, lora_rank=lora,
                weight_bytes=2 if lora or cfg.dtype == "bfloat16" else 4,
@@ -197,9 +193,9 @@ def predict(s, settings, job=Job(), m=MEASURED):
                 generation_rows prompts and (hf) generate's own KV cache of as many rows of
                 prompt_len + new_tokens with its step's logits and sampler and its lm_head's
                 autocast copy
-      no_grad   step 5 (logp_old and the entropy): autocast's bf16 copies of the layers' weights,
-                then the decoder's transient, then one head chunk with the entropy of every
-                completion token
+      no_grad   step 7's logp_old (K > 1): autocast's bf16 copies of the layers' weights, then the
+                decoder's transient, then one head chunk over the tokens the loss reads (GSPO's:
+                every completion token); the entropy comes from the sampler, no pass of its own
       update    step 7 on a micro-batch after the first of its mini-batch (the gradients exist). On
                 top of autocast's copies and the activations every layer keeps (with gradient
                 checkpointing: each layer's input) come, one after the other: the head chunk's
@@ -207,8 +203,8 @@ def predict(s, settings, job=Job(), m=MEASURED):
                 lm_head's (V, H) float32 gradient with one (chunk, V) tensor, or the log-softmax's
                 backward with three); a layer's backward (recomputed first with checkpointing);
                 with the activations freed, the embedding's backward. And where the method has them:
-                step 5's head with the entropy (K = 1, all kept rollouts in one micro-batch), GSPO's
-                no-grad head over the tokens not trained, the reference model's forward (beta > 0).
+                GSPO's no-grad head over the tokens not trained, the reference model's forward
+                (beta > 0).
     LoRA (job.lora_rank, as the knob's interface says): the frozen base at job.weight_bytes a weight
     with no gradient, no moments and no autocast copies; the adapters at 16 bytes a parameter; no
     (V, H) gradient and no embedding backward, but the lm_head's float32 copy (4VH) in every head
@@ -241,8 +237,8 @@ def predict(s, settings, job=Job(), m=MEASURED):
     base = held + copies
     def positions(share):  # a micro-batch's completion tokens that a head pass takes, chunked
         return min(chunk, math.ceil(share * n * T))
-    entropy_head = f32_head + positions(1) * m["entropy_head_per_position"] * V
-    no_grad = base + max(tokens * m["no_grad_decoder"] * act, entropy_head)
+    read = positions(1 if job.gspo_share else job.token_share)  # logp_old where the loss reads it
+    no_grad = base + max(tokens * m["no_grad_decoder"] * act, f32_head + read * NO_GRAD_HEAD * V)
 
     kept = positions(job.token_share)  # [ours] D3S's rho_t of them, as an expectation
     head = f32_head + max((0 if lora else m["head_weight_grad"] * 4 * V * H)
@@ -258,8 +254,6 @@ def predict(s, settings, job=Job(), m=MEASURED):
                       + 6 * (A // layers if lora else layer_params(s)))
     moments = [acts + head, acts + layer_backward,
                0 if lora else m["embedding_backward"] * 4 * V * H]
-    if job.one_update and micro >= job.kept_min:
-        moments.append(acts + entropy_head)
     if job.gspo_share:
         moments.append(acts + f32_head + positions(job.gspo_share) * NO_GRAD_HEAD * V)
     if job.reference:

@@ -185,15 +185,19 @@ def test_lora_fits_the_papers_models_where_full_training_cannot():
 
 def test_what_each_method_adds():
     """The method at hand: D3S's kept tokens fill fewer head positions (rho_t 0.6 of 8 x 512 is
-    2458 < 4096); K = 1 with every kept rollout in one micro-batch runs step 5's head with the
-    entropy on top of the activations; GSPO's no-grad head over the unkept tokens; beta > 0 a
-    float32 copy of the model (none under LoRA)."""
+    2458 < 4096), in the gradient pass and in logp_old's no-grad pass, which reads only them (no
+    entropy: the sampler's); GSPO's no-grad head over the unkept tokens, and logp_old over every
+    one; beta > 0 a float32 copy of the model (none under LoRA)."""
+    def predict(micro, **job):
+        return counts.predict(QWEN05, settings(micro, 0, 4096, False), counts.Job(**job))
+
     def update(micro, **job):
-        return counts.predict(QWEN05, settings(micro, 0, 4096, False), counts.Job(**job))["update"]
+        return predict(micro, **job)["update"]
     V = QWEN05["vocab"]
     assert update(8) - update(8, token_share=0.6) == 12 * V * (4096 - 2458)
-    assert update(16, one_update=True, kept_min=16) > update(16) == \
-        update(16, one_update=True, kept_min=64)  # 64 kept: several micro-batches, no extra pass
+    no_grad = [predict(8, token_share=t)["no_grad"] for t in (1.0, 0.6)]
+    assert no_grad[0] - no_grad[1] == counts.NO_GRAD_HEAD * V * (4096 - 2458)
+    assert predict(8, token_share=0.6, gspo_share=0.4)["no_grad"] == no_grad[0]
     assert update(16, token_share=0.2, gspo_share=0.8) > update(16, token_share=0.2)
     assert update(16, reference=True) - update(16) == 4 * counts.param_count(QWEN05)
 
