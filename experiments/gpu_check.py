@@ -492,7 +492,7 @@ def first_ratios(r):
 def update_flops(s, fig):
     """The FLOPs of a step's update by count, for model shape s and a step's figures [ours]: 6 per
     weight per token forwarded and back-propagated (2 forward, 4 backward), 2 per weight per token
-    of the no-grad forward (step 5), the LM head's V x H weights the same at the positions it runs
+    of the no-grad forward (logp_old), the LM head's V x H weights the same at the positions it runs
     on; attention's T^2 terms, the head's recomputation in backward and the optimizer left out."""
     head = s["vocab"] * s["hidden"]
     body = memory.param_count(s) - head * (1 if s["tied"] else 2)  # the embedding is a lookup

@@ -514,7 +514,7 @@ def table(coefficients=MEASURED, prompt_len=240, new_tokens=512, log=print):
             f"{default['peak'] / GiB:.1f} GiB\n  their parts, GiB: "
             + ", ".join(f"{k} {v / GiB:.2f}" for k, v in default["parts"].items()))
     log("\n| model | free | `--micro_batch_size` | `--gen_batch_size` | `--logprob_chunk` | "
-        "`--gradient_checkpointing` | predicted peak | generate / step 5 / update |\n"
+        "`--gradient_checkpointing` | predicted peak | generate / no-grad / update |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for lora in (0, LORA_RANK):
         for name, s in SHAPES.items():

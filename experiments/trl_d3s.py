@@ -45,7 +45,7 @@ TRL's step, and what D3STrainer changes in it (docs/algorithm.md numbers the ste
      differ for --method entropy, valid, and --loss gspo, seq). GRPO and GSPO are TRL's
      (--importance_sampling_level token | sequence).
 The random controls (d3s-random, d1s-cross-random) draw from torch's global generator, which TRL
-seeds with --seed (train.py: the step's own generator), and skip the entropy pass of step 5.
+seeds with --seed (train.py: the step's own generator), and skip the port's entropy pass.
 The schedule (d3s.keep_ratios) reads TRL's global step when the batch is generated, and max_steps;
 d3s.applied_ratios turns its values into the ratios the method applies (1 where it keeps every
 rollout or token, the 80/20 baseline's fixed 0.2 of tokens), as train.py does.

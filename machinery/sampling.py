@@ -38,12 +38,12 @@ token there; a pretrained model's flat tail or a random model of the real vocabu
 shape, more often.
 
 [ours] The sampler (sample) records, at every decode step, the entropy of the distribution it
-samples from, softmax(logits / T) over the full vocabulary: the step line logs it (token selection
-takes the entropy of a training forward instead: step 5 of train.py, so that its arithmetic never
-changes with the memory knobs). The cached decode computes the same function as the training
-forward in another order of floating-point operations (tests/test_updates.py bounds the gap in
-float32). Under bf16 autocast (--dtype auto on a GPU) they differ by more: the decode runs in bf16,
-and so does its lm_head, where head_logprobs runs the head in float32.
+samples from, softmax(logits / T) over the full vocabulary: the step line logs it, and token
+selection scores it (train.py's step 5: no forward runs for selection alone). The cached decode
+computes the same function as the training forward in another order of floating-point operations
+(tests/test_updates.py bounds the gap in float32). Under bf16 autocast (--dtype auto on a GPU) they
+differ by more: the decode runs in bf16, and so does its lm_head, where head_logprobs runs the head
+in float32 (docs/algorithm.md, "The entropy's arithmetic", counts the selected tokens it moves).
 """
 import math
 import sys
