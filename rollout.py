@@ -72,20 +72,17 @@ class Rollouts:
 
     def piece(self, rows, columns=None):
         """(input_ids, attention_mask, completion_start, width) of the rows `rows`, cut to their own
-        span: from the first column where any of them has a real prompt token to the last of the
-        completion columns each needs, columns (B,) (None: its completion), later ones masked as
-        padding. Positions come from the mask (completion_hidden), so dropping all-padding
-        columns on either side changes no value."""
+        span: from the first column where any has a real prompt token to the last of the completion
+        columns each needs, columns (B,) (None: all), later ones masked as padding. Positions come
+        from the mask (completion_hidden): dropping all-padding columns changes no value."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.group.device)
         cols = (self.lengths if columns is None else columns)[rows]  # (n,)
         prompt_mask, width = self.prompt_mask[rows], int(cols.max()) if len(rows) else 0
         first = int(prompt_mask.any(dim=0).long().argmax())  # left padding shared by all these rows
-        mask = self.completion_mask[rows, :width] & (torch.arange(width, device=cols.device) <
-                                                     cols[:, None])  # (n, width)
-        input_ids = torch.cat([self.prompt_ids[rows, first:], self.completion_ids[rows, :width]],
-                              dim=1)
-        attention_mask = torch.cat([prompt_mask[:, first:], mask.long()], dim=1)
-        return input_ids, attention_mask, self.completion_start - first, width
+        upto = torch.arange(width, device=cols.device) < cols[:, None]  # (n, width) each own cut
+        return (torch.cat([self.prompt_ids[rows, first:], self.completion_ids[rows, :width]], 1),
+                torch.cat([prompt_mask[:, first:], (self.completion_mask[rows, :width] & upto)
+                           .long()], 1), self.completion_start - first, width)
 
 
 @dataclass

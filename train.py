@@ -158,25 +158,25 @@ def train(cfg, log=print, given=None):
                 token_mask = d3s.select_tokens(scores, valid, rho_t, generator, count)
 
             # 7. K updates (or ceil(N / M)), one per mini-batch; the first's ratio is 1. [ours] Only
-            #    what the loss reads is forwarded: a row up to its last kept token (causal: later
-            #    tokens change nothing it trains), none whose every term is 0 (A = 0 and beta = 0)
+            #    what the loss reads is forwarded: a rollout up to its last kept token (causal),
+            #    none whose every term is 0 (A = 0, beta = 0); GSPO off-policy reads all, for s_i
+            reads = valid if cfg.loss == "gspo" else None
             minibatches = [micro_batches(kept, rows.to(model.device), cfg.micro_batch_size,
-                                         d3s.needed_columns(token_mask, adv_kept, cfg.beta, (
-                                             valid if cfg.loss == "gspo" and i else None)))
-                           for i, rows in enumerate(parts)]  # GSPO off-policy: s_i reads all
+                                         d3s.needed_columns(token_mask, adv_kept, cfg.beta,
+                                                            reads if i else None))
+                           for i, rows in enumerate(parts)]
             if any(minibatches):  # [ours] else every term is exactly 0: no pass, no update
-                with fb:  # logp_old of mini-batches 2..K, one no-grad pass (a lower
-                    old_logp, forward = run.fit("no_grad", lambda: old_logprobs(  # micro-batch
-                        model, kept, minibatches[1:], token_mask, cfg, ctx), minibatches)  # size
-                for i, (rows, mb) in enumerate(zip(parts, minibatches)):  # re-splits them)
+                with fb:  # logp_old of mini-batches 2..K: one no-grad pass (a halving re-splits)
+                    old_logp, forward = run.fit("no_grad", lambda: old_logprobs(
+                        model, kept, minibatches[1:], token_mask, cfg, ctx), minibatches)
+                for i, (rows, mb) in enumerate(zip(parts, minibatches)):
                     with fb:
                         u = run.fit("update", lambda: backward(
                             model, kept, rows, mb, adv_kept, token_mask, old_logp if i else None,
                             cfg, ctx, ref_model, scaler), minibatches)
                     if u is not None:  # None: nothing to learn; once a weight moves, signals wait
-                        u.update(optimizer_step(model, optimizer, cfg.grad_clip, u["loss"],
-                                                scaler))
-                        updates.append(u)
+                        updates.append({**u, **optimizer_step(model, optimizer, cfg.grad_clip,
+                                                              u["loss"], scaler)})
             run.tokens_trained += sum(u["tokens"] for u in updates if u["applied"])
 
             # log: the step line, RUN/log.jsonl (and wandb), the selection page before an evaluation
