@@ -150,7 +150,8 @@ def pytest_configure_node(node):
 @pytest.hookimpl(tryfirst=True)  # pytest then groups the tests of a parametrized fixture
 def pytest_collection_modifyitems(config, items):
     """Shuffle the files, then the tests within each file (a file's module fixtures are built once,
-    and --dist loadfile sends a file to one worker)."""
+    and --dist loadfile sends a file to one worker); a test marked `last` (a check of what the
+    file's other tests reached) stays after them."""
     if config.shuffle == "off":
         return
     rng, files = random.Random(int(config.shuffle)), {}
@@ -160,6 +161,7 @@ def pytest_collection_modifyitems(config, items):
     rng.shuffle(order)
     for path in order:
         rng.shuffle(files[path])
+        files[path].sort(key=lambda item: item.get_closest_marker("last") is not None)
     items[:] = [item for path in order for item in files[path]]
 
 
