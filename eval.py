@@ -42,8 +42,10 @@ What is measured, per benchmark (n samples for each of its problems, c of them c
 
 Writes every generation (benchmark, problem, sample, prompt, completion, extracted answer,
 reference, correct, length, truncated) as one JSON line to --out (default out/eval/<model>.jsonl),
-and the table as JSON beside it (<out stem>.json). Prompts are sorted by length, longest first, and
-generated in batches; out of memory lowers the batch as train.py's generation does and redoes it.
+and the table as JSON beside it (<out stem>.json), both replaced only once every benchmark is done
+(an interrupted run leaves the earlier files whole, its own so far in <file>.part). Prompts are
+sorted by length, longest first, and generated in batches; out of memory lowers the batch as
+train.py's generation does and redoes it.
 Sampling is seeded per benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size
 or on a halving (rollout.py draws each row's random numbers from the seed, the row and the
 position alone). That holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the
@@ -55,7 +57,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -332,24 +336,51 @@ def run(args):
         limited = f" (--limit {args.limit})" if args.limit is not None else ""
         print(f"data {b} | {len(rows)} problems{limited} | {splits[b]}", flush=True)
 
-    results = {}
-    with open(out, "w", encoding="utf-8") as f:
-        for name, problems in benchmarks.items():
-            # seeded per benchmark [ours]: its samples do not depend on which ran before it
-            with models.autocast(device, args.dtype):  # the arithmetic train.py's eval runs in
-                res = evaluate(model, tokenizer, problems, n=args.n, temperature=args.temperature,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                               top_p=args.top_p, progress=True, desc=name,
-                               seed=args.seed if args.temperature > 0 else None)
-            for r in res.pop("records"):
-                f.write(json.dumps({"benchmark": name, **r}) + "\n")
-            f.flush()
-            results[name] = res
-            with open(table_path, "w", encoding="utf-8") as t:  # rewritten after each benchmark
-                json.dump({"settings": settings, "data": splits, "results": results}, t, indent=2)
+    # [ours] Written beside the files they replace (.part), which they replace only once every
+    # benchmark is done: an interrupted run leaves the last run's generations and table as they
+    # were, and its own so far in the .part files (the table rewritten after each benchmark).
+    results, parts = {}, (out + ".part", table_path + ".part")
+    try:
+        with open(parts[0], "w", encoding="utf-8") as f:
+            for name, problems in benchmarks.items():
+                # seeded per benchmark [ours]: its samples do not depend on which ran before it
+                with models.autocast(device, args.dtype):  # the arithmetic train.py's eval runs in
+                    res = evaluate(model, tokenizer, problems, n=args.n,
+                                   temperature=args.temperature,
+                                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                   top_p=args.top_p, progress=True, desc=name,
+                                   seed=args.seed if args.temperature > 0 else None)
+                for r in res.pop("records"):
+                    f.write(json.dumps({"benchmark": name, **r}) + "\n")
+                f.flush()
+                results[name] = res
+                with open(parts[1], "w", encoding="utf-8") as t:
+                    json.dump({"settings": settings, "data": splits, "results": results}, t,
+                              indent=2)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {out} and {table_path} are as they were; this run's results so far "
+              f"are in {parts[0]} and {parts[1]}", file=sys.stderr)
+        raise SystemExit(130) from None  # 128 + SIGINT, as train.py exits
+    replace_together(parts, (out, table_path))
     print(format_table(results, args.n))
     print(f"generations: {out}\ntable: {table_path}")
     return results
+
+
+def replace_together(parts, paths):
+    """Rename each part over its path, with Ctrl-C and SIGTERM held until both are done, so that
+    the generations and the table beside them are always one run's."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    hold = hasattr(signal, "pthread_sigmask") and \
+        threading.current_thread() is threading.main_thread()
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for part, path in zip(parts, paths):
+            os.replace(part, path)
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def main(argv=None):

@@ -7,12 +7,12 @@ Stop real `python train.py` processes at random moments and check that nothing i
 One uninterrupted tiny-world run first (an evaluation every 2 steps, a checkpoint every step,
 K = 2), timed from its first line to its exit. Then each fuzzed run is started and, once it has
 printed its first line, hit after a random delay (up to that time, so some signals come as the run
-ends or closes) by SIGINT or SIGTERM, in a third of the cases doubled within 50 ms; it is resumed
-(or started again, where no checkpoint exists yet) and hit again, until it finishes. Every exit
-must be 0, or the first signal's 130 / 143, and no output a traceback. At the end each run must
-have logged every step once, with the rewards of the uninterrupted run, the same held-out
-evaluations and bit for bit the same final weights (a CPU in float32). One summary line; exit code
-1 when any run differs.
+ends or closes) by SIGINT, SIGTERM or SIGHUP, in a third of the cases doubled within 50 ms; it is
+resumed (or started again, where no checkpoint exists yet) and hit again, until it finishes. Every
+exit must be 0, or 128 + the first signal (130, 143, 129), and no output a traceback. At the end
+each run must have logged every step once, with the rewards of the uninterrupted run, the same
+held-out evaluations and bit for bit the same final weights (a CPU in float32). One summary line;
+exit code 1 when any run differs.
 """
 import argparse
 import json
@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from machinery import tiny  # noqa: E402
 
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # Ctrl-C, a scheduler, a closed terminal
 RUN = ["--steps", "6", "--prompts_per_step", "4", "--group_size", "4", "--eval_size", "8",
        "--eval_every", "2", "--save_every", "1", "--updates_per_batch", "2"]
 
@@ -62,14 +63,14 @@ def fuzz(run_dir, model, rng, max_delay):
         proc, starts = start(argv), starts + 1
         output = [proc.stdout.readline()]  # the first line: the run's handlers are installed
         time.sleep(rng.uniform(0, max_delay))
-        first = rng.choice([signal.SIGINT, signal.SIGTERM])
+        first = rng.choice(SIGNALS)
         if proc.poll() is None:
             proc.send_signal(first)
             signals += 1
             if rng.random() < 1 / 3:
                 time.sleep(rng.uniform(0, 0.05))
                 if proc.poll() is None:
-                    proc.send_signal(rng.choice([signal.SIGINT, signal.SIGTERM]))
+                    proc.send_signal(rng.choice(SIGNALS))
                     doubled += 1
         output += proc.stdout.readlines()
         code = proc.wait()

@@ -6,6 +6,7 @@ Crash-safe checkpoints and exact resume: what RUN/checkpoint holds, and how a ru
                     config)                            # RUN/checkpoint, with a copy of config.json
     cfg, given, state = checkpoint.resume(cfg, given)  # --resume RUN: its config and trainer state
     held = checkpoint.lock(run_dir)                    # RUN/run.lock: one run per folder
+    checkpoint.live(run_dir)                           # the pid of a live run there, or None
     checkpoint.resumable(run_dir)                      # does --resume RUN work now?
 
 RUN/checkpoint/ is a Hugging Face folder (AutoModelForCausalLM.from_pretrained loads it; a LoRA
@@ -17,23 +18,27 @@ no random state in it: every random number of step s (the samples, the `random` 
 mini-batch shuffle) is drawn from seeds derived from (--seed, s) (train.py), so a resumed step s
 draws exactly what the uninterrupted one drew, whatever moment the run stopped at (bit for bit on a
 CPU in float32).
-The save is written to checkpoint.tmp, flushed to disk, only then marked complete (trainer.pt) and
-swapped in through checkpoint.old: one complete checkpoint exists at every instant, also across a
-power cut; config.json is replaced whole in the same way (write_atomic). A hard crash after a
+The save is written to checkpoint.tmp (removed if the save fails: a full disk is not kept full),
+flushed to disk, only then marked complete (trainer.pt) and swapped in through checkpoint.old: one
+complete checkpoint exists at every instant, also across a power cut; config.json is replaced whole
+in the same way (write_atomic). A hard crash after a
 periodic save may leave log.jsonl ahead of the checkpoint: trim_log cuts it back on resume.
 machinery/run.py decides when each of these runs (docs/checkpoints.md).
 Every refusal names the command that works in the state the folder is in: --resume RUN once it
 holds a finished checkpoint, else the fresh start that replaces it (`command`); where this train.py
 cannot continue a whole checkpoint, a new run from its weights, and a start that would delete it
-says so.
+says so. A resume checks what it reads before it runs a step: config.json's values as train.py
+checks flags (else the checkpoint's copy goes on), trainer.pt whole, the weights' headers.
 """
 import dataclasses
+import errno
 import json
 import os
 import shlex
 import shutil
 
 import torch
+from safetensors import safe_open
 
 import d3s
 from machinery.model import is_lora
@@ -71,25 +76,33 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     final, tmp, old = (os.path.join(run_dir, name)
                        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     shutil.rmtree(tmp, ignore_errors=True)
-    # LoRA: the adapters alone (their embeddings never train: PEFT need not look for a vocabulary)
-    model.save_pretrained(tmp, **({"save_embedding_layers": False} if is_lora(model) else {}))
-    tokenizer.save_pretrained(tmp)
-    if world is not None:
-        with open(os.path.join(tmp, "tiny.json"), "w") as f:
-            json.dump({"world": world, "trained_by": "train.py", "step": step}, f)
-    # step: the next step to run; its prompts are batch_at(step)
-    state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(),
-             "history": history, "tokens_trained": tokens_trained,
-             **({"config": config} if config is not None else {})}
-    torch.save(state, os.path.join(tmp, "trainer.pt.part"))
-    # [ours] A rename can reach the disk before the data it names: every file and the folder are
-    # flushed first, and only then does the marker appear, so a tmp folder with a trainer.pt is
-    # complete on disk even across a power cut, and finish_swap may trust it.
-    for name in os.listdir(tmp):
-        fsync(os.path.join(tmp, name))
-    fsync(tmp)
-    # the marker: tmp is complete
-    os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))
+    try:
+        # LoRA: the adapters alone (their embeddings never train: PEFT need not look for a
+        # vocabulary)
+        model.save_pretrained(tmp, **({"save_embedding_layers": False} if is_lora(model) else {}))
+        tokenizer.save_pretrained(tmp)
+        if world is not None:
+            with open(os.path.join(tmp, "tiny.json"), "w") as f:
+                json.dump({"world": world, "trained_by": "train.py", "step": step}, f)
+        # step: the next step to run; its prompts are batch_at(step)
+        state = {"version": VERSION, "step": step, "optimizer": optimizer.state_dict(),
+                 "history": history, "tokens_trained": tokens_trained,
+                 **({"config": config} if config is not None else {})}
+        # into a file of ours: a failed write is then an OSError under torch's error, which names
+        # only a line of its C++
+        with open(os.path.join(tmp, "trainer.pt.part"), "wb") as f:
+            torch.save(state, f)
+        # [ours] A rename can reach the disk before the data it names: every file and the folder
+        # are flushed first, and only then does the marker appear, so a tmp folder with a
+        # trainer.pt is complete on disk even across a power cut, and finish_swap may trust it.
+        for name in os.listdir(tmp):
+            fsync(os.path.join(tmp, name))
+        fsync(tmp)
+        # the marker: tmp is complete
+        os.replace(os.path.join(tmp, "trainer.pt.part"), os.path.join(tmp, "trainer.pt"))
+    except BaseException:  # a full disk, say: the part written goes now, not at the next start
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     fsync(tmp)  # the marker's rename
     for name in ("log.jsonl", "config.json"):
         if os.path.isfile(os.path.join(run_dir, name)):
@@ -102,16 +115,17 @@ def save(run_dir, model, tokenizer, optimizer, step, history, tokens_trained, wo
     return step
 
 
+CHECKPOINTS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")
 RUN_FILES = ("config.json", "config.json.part", "log.jsonl", "log.jsonl.part", "log.jsonl.cut",
-             "resumes.jsonl", "selection", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+             "resumes.jsonl", "curves.png", "selection.html", "selection.html.tmp", "selection",
+             *CHECKPOINTS)
 
 
 def check_fresh(run_dir, overwrite=False):
     """A fresh run may start in run_dir: a ValueError if it holds another run (its config.json, log
     or checkpoint: a run that has not logged its first step yet is a run too) and `overwrite` is
     off. A second run never destroys a first one that the user did not ask to replace."""
-    held = [name for name in ("config.json", "log.jsonl", "checkpoint", "checkpoint.tmp",
-                              "checkpoint.old")
+    held = [name for name in ("config.json", "log.jsonl", *CHECKPOINTS)
             if os.path.exists(os.path.join(run_dir, name))]
     if held and not overwrite:
         whole = resumable(run_dir)
@@ -126,8 +140,7 @@ def resumable(run_dir):
     """Does `--resume run_dir` find a run to continue: a finished checkpoint (trainer.pt, its
     marker), also one that finish_swap completes from checkpoint.tmp or .old? (Its config.json, or
     the copy the checkpoint holds, says how the run goes on: load.)"""
-    return any(os.path.isfile(os.path.join(run_dir, name, "trainer.pt"))
-               for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    return any(os.path.isfile(os.path.join(run_dir, name, "trainer.pt")) for name in CHECKPOINTS)
 
 
 def command(knobs):
@@ -205,19 +218,24 @@ def start_again(run_dir, config_class=None, saved=None, deleting=False):
     return f"start it again{note} with: {command({**own, 'out_dir': run_dir, 'overwrite': True})}"
 
 
-def from_weights(run_dir):
-    """The line for a run whose checkpoint is whole but that this train.py cannot continue: its
+def from_weights(run_dir, whole="its checkpoint is whole"):
+    """The line for a run whose weights are whole but that this train.py cannot continue: its
     weights start a new run, in another folder, and the run is left as it is."""
-    return (f"start a new run from its weights (its checkpoint is whole) with: "
+    return (f"start a new run from its weights ({whole}) with: "
             f"{command({'model': os.path.join(run_dir, 'checkpoint')})}")
 
 
 def fresh(run_dir, overwrite=False):
     """The folder of a fresh run (check_fresh first): created, or emptied of what another run left
     there (its log, pages and checkpoint), so that nothing of it is ever resumed or plotted as this
-    run's."""
+    run's. The checkpoints' markers go first: a kill during the deletion leaves a folder that
+    --resume refuses and the same --overwrite true empties, never a checkpoint without its log."""
     check_fresh(run_dir, overwrite)
     os.makedirs(run_dir, exist_ok=True)
+    for name in CHECKPOINTS:
+        if os.path.isfile(os.path.join(run_dir, name, "trainer.pt")):
+            os.remove(os.path.join(run_dir, name, "trainer.pt"))
+            fsync(os.path.join(run_dir, name))
     for name in RUN_FILES:
         path = os.path.join(run_dir, name)
         if os.path.isdir(path):
@@ -272,11 +290,13 @@ def finish_swap(run_dir):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load(run_dir, config_class=None):
+def load(run_dir, config_class=None, check=None):
     """The saved config (a dict: its knobs and RECORDED) and trainer state of a run folder, or a
     one-line ValueError that says how to go on; config_class (train.Config) checks the config's
-    knobs. A config.json that cannot be read, or holds what config_class cannot run, gives way to
-    the copy the checkpoint holds (state["recovered"] says why)."""
+    knobs, and check (config.resolve) their values. A config.json that cannot be read, or holds what
+    this train.py cannot run (usable), gives way to the copy the checkpoint holds
+    (state["recovered"] says why). trainer.pt is checked whole (malformed) and the weights' files
+    as far as their headers, so that a damaged checkpoint is this line, never a traceback later."""
     ckpt = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(run_dir):
         raise ValueError(f"--resume {run_dir}: no such folder; pass the run folder of an earlier "
@@ -294,34 +314,116 @@ def load(run_dir, config_class=None):
         # the optimizer state to wherever the parameters are (--device may change on resume)
         state = torch.load(os.path.join(ckpt, "trainer.pt"), map_location="cpu", weights_only=False)
     except Exception as e:
-        raise ValueError(f"--resume {run_dir}: its checkpoint/trainer.pt is corrupt "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                         f"{start_again(run_dir, config_class)}") from None
+        raise ValueError(damaged(run_dir, "trainer.pt", first_line(e), config_class)) from None
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise ValueError(f"--resume {run_dir}: its checkpoint was written by another version of "
                          f"train.py; {from_weights(run_dir)}, or "
                          f"{start_again(run_dir, config_class, deleting=True)}")
+    why = malformed(state)
+    if why:
+        raise ValueError(damaged(run_dir, "trainer.pt", why, config_class))
+    for name, why in unreadable_weights(ckpt):
+        raise ValueError(damaged(run_dir, name, why, config_class, weights=False))
     saved, wrong = read_config(run_dir, config_class)
-    if saved is None:  # [ours] the checkpoint's own copy, from the moment it was saved
+    wrong = wrong or (usable(saved, state["step"], config_class, check) if saved else "")
+    if wrong:  # [ours] the checkpoint's own copy, from the moment it was saved
         copy = state.get("config")
-        if copy is None or wrong_knobs(copy, config_class):
+        theirs = copy is not None and usable(copy, state["step"], config_class, check)
+        if copy is None or theirs:
             held = ("holds no copy of the run's knobs (it is older than such copies)"
-                    if copy is None else "holds the same copy" if wrong_knobs(copy, config_class)
-                    == wrong else f"holds a copy that {wrong_knobs(copy, config_class)}")
+                    if copy is None else "holds the same copy" if theirs == wrong
+                    else f"holds a copy that {theirs}")
             raise ValueError(f"--resume {run_dir}: its config.json {wrong}, and its checkpoint "
                              f"{held}; {from_weights(run_dir)}")
         saved, state["recovered"] = dict(copy), f"config.json {wrong}"
     return saved, state
 
 
-def resume(cfg, given):
-    """(saved config, trainer state) of --resume RUN: the run continues with its saved config, in
-    the folder given (it may have been moved), and only the RESUME_SAFE knobs may change:
+def usable(saved, step, config_class=None, check=None):
+    """What keeps a saved config (config.json's dict, or the checkpoint's copy) from going on at
+    `step`, or "": the wrong knobs (wrong_knobs), a value check refuses (config.resolve: "--steps
+    must be at least 1, got -5"), or fewer steps than the checkpoint has run. A method d3s.py no
+    longer has, or has changed, is left to resume, which names it."""
+    wrong = wrong_knobs(saved, config_class)
+    if wrong or config_class is None:
+        return wrong
+    if saved["steps"] < step:
+        return f"holds steps {saved['steps']}, fewer than the {step} its checkpoint has run"
+    if check is None or saved["method"] not in d3s.METHODS or \
+            spec_changes(saved["method"], saved.get("method_spec")):
+        return ""
+    knobs = {k: v for k, v in saved.items() if k not in RECORDED}
+    try:
+        check(config_class(**knobs), set(knobs))
+    except ValueError as e:
+        return f"holds what train.py refuses ({e})"
+    return ""
+
+
+# what save() writes into trainer.pt, beside its version (and config, which load() checks)
+STATE = {"step": int, "optimizer": dict, "history": list, "tokens_trained": int}
+KINDS = {int: "an integer", dict: "a dict", list: "a list"}
+
+
+def malformed(state):
+    """What is wrong with a trainer.pt of this VERSION, or "": a value save() writes that is missing
+    or of another kind (an int for the step and the tokens, the optimizer's state_dict, a list of
+    {step, tokens, accuracy})."""
+    for key, kind in STATE.items():
+        if key not in state:
+            return f"it has no {key}"
+        if type(state[key]) is not kind:
+            return f"its {key} is {short(state[key])}, not {KINDS[kind]}"
+    if state["step"] < 0 or state["tokens_trained"] < 0:
+        return f"its step {state['step']} or tokens_trained {state['tokens_trained']} is negative"
+    if not (isinstance(state["optimizer"].get("state"), dict)
+            and isinstance(state["optimizer"].get("param_groups"), list)):
+        return "its optimizer is not an optimizer's state_dict (state, param_groups)"
+    for h in state["history"]:
+        if not (isinstance(h, dict) and type(h.get("step")) is int and type(h.get("tokens")) is int
+                and type(h.get("accuracy")) in (int, float) and 0 <= h["step"] <= state["step"]):
+            return (f"its history holds {short(h)}, not an evaluation ({{step, tokens, accuracy}}) "
+                    f"up to step {state['step']}")
+    return ""
+
+
+def short(value):
+    return json.dumps(value, default=repr)[:40]
+
+
+def unreadable_weights(ckpt):
+    """[(the file under RUN/checkpoint, why)] of its weights' files whose header is cut or broken
+    (what safetensors checks on opening one: the JSON of the tensors and the file's length)."""
+    for folder, _, names in sorted(os.walk(ckpt)):
+        for name in sorted(n for n in names if n.endswith(".safetensors")):
+            try:
+                with safe_open(os.path.join(folder, name), "pt"):
+                    pass
+            except Exception as e:
+                yield os.path.relpath(os.path.join(folder, name), ckpt), first_line(e)
+
+
+def damaged(run_dir, name, why, config_class=None, weights=True):
+    """The line for a checkpoint whose RUN/checkpoint/NAME is damaged: a new run from its weights,
+    where they are whole, or the fresh start that replaces it."""
+    return (f"--resume {run_dir}: its checkpoint/{name} is corrupt ({why}); "
+            + (f"{from_weights(run_dir, 'its weights are whole')}, or " if weights else "")
+            + start_again(run_dir, config_class, deleting=True))
+
+
+def first_line(error):
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def resume(cfg, given, check=None):
+    """(saved config, trainer state) of --resume RUN (check: load's): the run continues with its
+    saved config, in the folder given (it may have been moved), and only the RESUME_SAFE knobs may
+    change:
     state["changed"] holds {knob: [saved, new]}, for the caller to record once the new values are
     accepted, and state["picked"] the saved config's picked. Every knob of the saved config counts
     as given. A run whose method d3s.py no longer defines, or now defines otherwise (config.json's
     method_spec), is refused: it would not continue exactly."""
-    saved, state = load(cfg.resume, type(cfg))
+    saved, state = load(cfg.resume, type(cfg), check)
     refused = sorted(set(given) - set(RESUME_SAFE))
     if refused:
         raise ValueError(f"--resume continues a run with its saved config; "
@@ -375,13 +477,14 @@ def record_resume(run_dir, step, changed, why=None):
 
 
 def trim_log(run_dir, step):
-    """Keep the rows of log.jsonl before `step` (the checkpoint's next step); append the others,
-    logged after the checkpoint by a run that then crashed, to log.jsonl.cut."""
+    """Keep the rows of log.jsonl before `step` (the checkpoint's next step); add the others,
+    logged after the checkpoint by a run that then crashed, to log.jsonl.cut, each once: a resume
+    killed between the two writes cuts the same rows again, and they are there already."""
     path = os.path.join(run_dir, "log.jsonl")
     if not os.path.isfile(path):
         return
     with open(path) as f:
-        lines = [line for line in f if line.strip()]
+        lines = [line if line.endswith("\n") else line + "\n" for line in f if line.strip()]
     keep, cut = [], []
     for line in lines:
         try:
@@ -389,8 +492,14 @@ def trim_log(run_dir, step):
         except (ValueError, KeyError, TypeError):  # a line cut off by the crash
             cut.append(line)
     if cut:
-        with open(path + ".cut", "a") as f:
-            f.writelines(line if line.endswith("\n") else line + "\n" for line in cut)
+        had = []
+        if os.path.isfile(path + ".cut"):
+            with open(path + ".cut") as f:
+                had = [line if line.endswith("\n") else line + "\n" for line in f if line.strip()]
+        seen = set(had)
+        new = [line for line in cut if line not in seen]  # a row's timings make it unique
+        if new:
+            write_atomic(path + ".cut", "".join(had + new))
         write_atomic(path, "".join(keep))
 
 
@@ -398,20 +507,27 @@ def trim_log(run_dir, step):
 # the folder's lock: one run per folder
 
 
-def lock(run_dir, resuming=False):
+def lock(run_dir, resuming=False, then=""):
     """Take RUN/run.lock for this process, or a one-line ValueError when a live run holds it or the
-    folder cannot be written (what helps: another --out_dir, or for a resume a copy). An
-    flock is dropped by the kernel when its process dies, so a lock file left by a killed run is
-    taken over. Where flock is missing (no fcntl) or refused by the filesystem (ENOLCK, or
-    EOPNOTSUPP on some NFS, CIFS and FUSE mounts): the file holds the pid, stale once it is gone."""
+    folder cannot be written (what helps: another --out_dir, or for a resume a copy; on a full disk
+    or a file size limit, room, then `then`: "continue with: python train.py ..."). An flock is
+    dropped by the kernel when its process dies, so a lock file left by a killed run is taken
+    over. Where flock is missing (no fcntl) or refused by the filesystem (ENOLCK, or EOPNOTSUPP on
+    some NFS, CIFS and FUSE mounts): the file holds the pid, stale once it is gone."""
     path = os.path.join(run_dir, LOCK)
-    elsewhere = ("copy the folder where you can write and pass the copy to --resume" if resuming
-                 else "pass another --out_dir")
+
+    def unwritable(e):
+        denied = e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        how = (("copy the folder where you can write and pass the copy to --resume" if resuming
+                else "pass another --out_dir") if denied
+               else f"nothing was written; {remedy(e.errno, run_dir)}, then "
+                    f"{then or 'run it again'}")
+        return ValueError(f"cannot write {path}: {e.strerror}; {how}")
     while fcntl is not None:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a folder this user may not write into
-            raise ValueError(f"cannot write {path}: {e.strerror}; {elsewhere}") from None
+        except OSError as e:  # a folder this user may not write into, a full disk
+            raise unwritable(e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another open file holds it: a live process
@@ -427,6 +543,13 @@ def lock(run_dir, resuming=False):
                 return fd, path  # ours, and still the file at that path
         except FileNotFoundError:
             pass
+        except OSError as e:  # the pid cannot be written (a full disk): the folder stays as it was
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            os.close(fd)
+            raise unwritable(e) from None
         os.close(fd)  # the run that held it removed it as we took it: take the new one
     part = f"{path}.{os.getpid()}"  # the pid, written before the file appears under its name
     try:
@@ -445,10 +568,42 @@ def lock(run_dir, resuming=False):
             except FileNotFoundError:
                 pass
     except OSError as e:
-        raise ValueError(f"cannot write {path}: {e.strerror}; {elsewhere}") from None
+        raise unwritable(e) from None
     finally:
         if os.path.exists(part):
             os.remove(part)
+
+
+def remedy(code, run_dir):
+    """What lets a write into run_dir that failed with errno `code` go through."""
+    return ("free some disk space" if code in (errno.ENOSPC, errno.EDQUOT)
+            else "raise the file size limit (ulimit -f)" if code == errno.EFBIG
+            else f"make {run_dir} writable" if code in (errno.EROFS, errno.EACCES, errno.EPERM)
+            else "see that the disk has space and the folder is writable")
+
+
+def live(run_dir):
+    """The pid of a train.py that holds run_dir's lock now ("?" where unknown), or None. [ours] A
+    shared flock taken and let go at once: a run that starts in that instant is refused as in
+    use."""
+    path = os.path.join(run_dir, LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file: no run
+        return None
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None
+            except BlockingIOError:
+                return _holder(path) or "?"
+            except OSError:  # no flock on this filesystem: the pid file
+                pass
+    finally:
+        os.close(fd)  # and the shared flock with it
+    holder = _holder(path)
+    return holder if holder is not None and _alive(holder) else None
 
 
 def _in_use(run_dir, path, resuming=False):

@@ -44,7 +44,7 @@ from machinery import checkpoint
 import d3s
 from machinery import tiny
 from machinery.sampling import ENGINES
-from machinery.stops import Lossy
+from machinery import stops
 
 
 def pick(**values):
@@ -271,8 +271,8 @@ class Stop(Exception):
 
 def main(config_class, train, argv=None, description=""):
     """`python train.py ...`: bad input is one line and exit code 2; a Stop is one line and exit
-    code 1; Ctrl-C and SIGTERM, after train has saved a checkpoint, exit with 130 and 143 (128 + the
-    signal); a complete run exits 0 (own_process)."""
+    code 1; Ctrl-C, SIGTERM and SIGHUP, after train has saved a checkpoint, exit with 130, 143 and
+    129 (128 + the signal); a complete run exits 0 (own_process)."""
     cfg, given = parse_args(config_class, sys.argv[1:] if argv is None else argv, description)
     if argv is None:
         own_process()
@@ -289,9 +289,12 @@ def own_process():
     """`python train.py` in a process of its own (not a caller in this one, whose settings stay as
     they are). Signals are ignored but while the run's own handlers are installed (machinery/
     stops.py; they restore these): a signal after the run is over, as it closes its folder or as
-    torch's teardown takes a moment, changes neither its exit code nor what is saved. stdout and
-    stderr lose their lines once nobody reads them (`| head`), never the run (stops.Lossy)."""
+    torch's teardown takes a moment, changes neither its exit code nor what is saved. SIGHUP is
+    handled only where it was not ignored at the start (nohup). stdout and stderr lose their lines
+    once nobody reads them (`| head`), never the run (stops.Lossy)."""
     if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
+        hup = getattr(signal, "SIGHUP", None)
+        stops.HANGUP = hup is not None and signal.getsignal(hup) != signal.SIG_IGN
+        for s in stops.handled():
             signal.signal(s, signal.SIG_IGN)
-    sys.stdout, sys.stderr = Lossy(sys.stdout), Lossy(sys.stderr)
+    sys.stdout, sys.stderr = stops.Lossy(sys.stdout), stops.Lossy(sys.stderr)

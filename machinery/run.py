@@ -40,12 +40,11 @@ from safetensors import SafetensorError
 from tqdm import tqdm
 
 import d3s
-from machinery import checkpoint, config, memory, plots, tiny
+from machinery import checkpoint, config, memory, plots, stops, tiny
 from machinery.data import describe, format_prompt
 from machinery.logs import NO_SIGNAL, start_wandb, step_line
 from machinery.model import resolve_device
 from machinery.sampling import NonFiniteLogits
-from machinery.stops import Stop
 
 
 class Stopped(Exception):
@@ -59,8 +58,9 @@ class SaveFailed(OSError):
 class Run:
     """One training run's folder and bookkeeping: the values it runs with, where it starts, its
     held-out evaluations, the tokens trained so far, its checkpoints, log and pages."""
-    # what size() chose ({knob: ["auto", value]}, its line); the pass fit() could not lower
-    sized, oom_pass = None, None
+    # what size() chose ({knob: ["auto", value]}, its line); the pass fit() could not lower; has
+    # config.json this run's values
+    sized, oom_pass, configured = None, None, False
 
     def __init__(self, cfg, given=None, log=print):
         self.cfg, self.given, self.log = cfg, given, log
@@ -68,7 +68,7 @@ class Run:
             None, None, False, None, None, None
         # a signal's flag, which asks the run where it is; has a weight of this step moved (an
         # optimizer's step hook says)
-        self.stop, self.moving, self.redone = Stop(), False, False
+        self.stop, self.moving, self.redone = stops.Stop(), False, False
         self.stop.status = self.status
         # the run's own command (_open), its steps applied and evaluations, before _open sets them
         self.again, self.completed, self.history = {}, 0, []
@@ -90,16 +90,19 @@ class Run:
         locked."""
         cfg = self.cfg
         given = config.given_knobs(cfg) if self.given is None else set(self.given)
-        # the command that starts this run again (status): the knobs given, as given
+        # the command that starts this run again (status): the knobs given, as given (--overwrite
+        # true too: a start interrupted before it wrote anything has deleted nothing yet)
         self.again = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                      if f.name in given and f.name not in ("resume", "overwrite")}
+                      if f.name in given and f.name != "resume"
+                      and (f.name != "overwrite" or cfg.overwrite)}
         self.stop.install()
         if cfg.resume:  # locked before anything reads it: a live run may be saving into it
             if not os.path.isdir(cfg.resume):
                 raise ValueError(f"--resume {cfg.resume}: no such folder; pass the run folder of "
                                  f"an earlier train.py run")
-            self.lock = checkpoint.lock(cfg.resume, resuming=True)
-            cfg, given, self.state = checkpoint.resume(cfg, given)
+            self.lock = checkpoint.lock(cfg.resume, resuming=True,
+                                        then=f"continue with: {self.given_command()}")
+            cfg, given, self.state = checkpoint.resume(cfg, given, config.resolve)
         cfg = self.cfg = config.resolve(cfg, given)  # each knob's value for this run, checked
         # config.json's picked: the pick() lines' values where no flag set the knob (a resume
         # keeps the run's)
@@ -114,8 +117,10 @@ class Run:
             except OSError as e:
                 raise ValueError(f"cannot make the run folder {run_dir}: {e.strerror}; pass "
                                  f"another --out_dir") from None
-            self.lock = checkpoint.lock(run_dir)
+            self.lock = checkpoint.lock(run_dir, then=f"start it again with: "
+                                                      f"{self.given_command()}")
             checkpoint.check_fresh(run_dir, cfg.overwrite)  # a folder with another run is refused
+            self._check_source(cfg)
             # a tiny world (by name or folder), else None: a real model
             self.world = tiny.world_of(cfg.model)
             self.weights, self.start, self.history, self.tokens_trained = cfg.model, 0, [], 0
@@ -129,6 +134,31 @@ class Run:
         self.completed = self.start  # the steps applied to the model
         self.device = resolve_device(cfg.device)  # named once: a CUDA one with its index
 
+    def given_command(self):
+        """`python train.py ...` as this run was started: its flags as given."""
+        return checkpoint.command({**({"resume": self.cfg.resume} if self.cfg.resume else {}),
+                                   **self.again})
+
+    def _check_source(self, cfg):
+        """--model RUN/checkpoint while RUN is live, or inside the folder --overwrite empties, is
+        refused. [ours] Refused, not copied: a live run replaces its checkpoint at every save, so a
+        new run could read half a swap, and a LoRA run, whose base stays that folder, would lose it
+        at the next save; a copy of a real model is gigabytes, the user's to place."""
+        source = os.path.abspath(cfg.model)
+        if not os.path.isdir(source):
+            return
+        run = os.path.dirname(source)
+        if cfg.overwrite and os.path.samefile(run, cfg.out_dir):
+            raise ValueError(f"--model {cfg.model} is in --out_dir {cfg.out_dir}, which "
+                             f"--overwrite true would delete before the run ends; pass another "
+                             f"--out_dir")
+        pid = checkpoint.live(run)
+        if pid is not None:
+            raise ValueError(f"--model {cfg.model}: {run} is in use by a train.py that is still "
+                             f"running (pid {pid}), which replaces its checkpoint at each save; "
+                             f"wait for it to stop, or copy {cfg.model} between its saves and pass "
+                             f"the copy to --model")
+
     def begin(self, model, tokenizer, optimizer, train_set, eval_set):
         """The values, the device, the data and the model are accepted, and now wandb: only then is
         the folder written (a fresh run's emptied of the run it replaces; a resume's changes
@@ -136,18 +166,25 @@ class Run:
         cfg, state = self.cfg, self.state
         self._check()  # a signal while loading: nothing is written
         if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
+            try:
+                optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, TypeError, IndexError) as e:  # another model's state
+                raise ValueError(checkpoint.damaged(cfg.out_dir, "trainer.pt",
+                                                    f"optimizer: {checkpoint.first_line(e)}",
+                                                    type(cfg))) from None
         self.wandb = start_wandb(cfg)  # the last that may refuse
         self.model, self.tokenizer, self.optimizer, self.eval_size = \
             model, tokenizer, optimizer, len(eval_set)
         if state is None:
             checkpoint.fresh(cfg.out_dir, cfg.overwrite)
         else:
-            checkpoint.record_resume(cfg.out_dir, state["step"], state["changed"])
             checkpoint.trim_log(cfg.out_dir, state["step"])
+        self._write_config()  # then resumes.jsonl: it never records a change config.json lacks
+        self.configured = True
+        if state is not None:
+            checkpoint.record_resume(cfg.out_dir, state["step"], state["changed"])
         if self.sized:  # the auto knobs (size): recorded as a change the run made, and why
             checkpoint.record_resume(cfg.out_dir, self.start, *self.sized)
-        self._write_config()
         optimizer.register_step_post_hook(lambda *a: setattr(self, "moving", True))
         for line in first_lines(cfg, self.world, self.device, state, len(train_set), len(eval_set)):
             self.log(line)
@@ -192,9 +229,7 @@ class Run:
         except (RuntimeError, SafetensorError) as e:  # torch.save's and safetensors' own errors
             if memory.is_out_of_memory(e):            # for a failed write (__exit__ says so)
                 raise
-            code = re.search(r"os error (\d+)", str(e))  # safetensors names the OS's error
-            raise SaveFailed(code and int(code[1]), first_line(e),
-                             os.path.join(self.cfg.out_dir, "checkpoint.tmp")) from e
+            raise SaveFailed(*os_error(e), os.path.join(self.cfg.out_dir, "checkpoint.tmp")) from e
         self.saved_history = len(self.history)
 
     def size(self, model, tokenizer, *datasets):
@@ -268,11 +303,11 @@ class Run:
             raise torch.OutOfMemoryError(f"out of memory in {PASSES[kind]}, nothing left to lower")
         self.say("out of memory: " + ", ".join(f"--{k} {now[k]} -> {v}" for k, v in lower.items())
                  + f", the pass redone ({PASSES[kind]}; nothing computed changes)")
-        checkpoint.record_resume(cfg.out_dir, self.completed,
-                                 {k: [now[k], v] for k, v in lower.items()}, "out of memory")
         for k, v in lower.items():
             setattr(cfg, k, v)
         self._write_config()
+        checkpoint.record_resume(cfg.out_dir, self.completed,
+                                 {k: [now[k], v] for k, v in lower.items()}, "out of memory")
         if lower.get("gradient_checkpointing"):
             self.model.activation_checkpointing_enable()  # as train.py turns it on
         size = lower.get("micro_batch_size")
@@ -360,8 +395,8 @@ class Run:
         leave with the signal's code (config.main exits with 128 + it)."""
         code = self.stop.first
         if self.model is None:
-            self.log(f"\ninterrupted before step {self.start}: nothing new to save; "
-                     f"{self.status()[2]}")
+            self._last(f"\ninterrupted before step {self.start}: nothing new to save; "
+                       f"{self.status()[2]}")
             raise KeyboardInterrupt(code) from None
         self.optimizer.zero_grad(set_to_none=True)  # an abandoned step's gradients
         if (self.saved, self.saved_history) != (self.completed, len(self.history)):
@@ -370,9 +405,16 @@ class Run:
                 f"(it resumes at step {self.completed})" if self.completed > 0 else
                 "no step had finished; the checkpoint holds the starting model "
                 "(it resumes at step 0)")
-        self.log(f"\ninterrupted: {done}; continue with: "
-                 f"python train.py --resume {self.cfg.out_dir}")
+        self._last(f"\ninterrupted: {done}; continue with: "
+                   f"python train.py --resume {self.cfg.out_dir}")
         raise KeyboardInterrupt(code) from None
+
+    def _last(self, line):
+        """A stop's last line, with the command that goes on: also on stderr where stdout has gone
+        (`python train.py | head -2`), so that it is never lost with it."""
+        self.log(line)
+        if stops.stdout_gone():
+            stops.say(line.strip())
 
     def status(self):
         """Where the run is, for a signal (machinery/stops.py): ("running", or "finishing" once its
@@ -385,6 +427,8 @@ class Run:
             return "complete", f"the run is complete in {cfg.out_dir}", ""
         last = self.completed == cfg.steps and cfg.steps in [h["step"] for h in self.history]
         state = "finishing" if last else "running"
+        if cfg.resume and not self.configured:  # config.json lacks the flags it was given
+            return state, "the last checkpoint stands", f"continue with: {self.given_command()}"
         if cfg.resume or self.saved is not None:
             return state, "the last checkpoint stands", \
                 f"continue with: python train.py --resume {cfg.resume or cfg.out_dir}"
@@ -399,11 +443,7 @@ class Run:
         read-only folder; a save that failed): what, why, what the folder holds and what then
         goes on from it (status)."""
         _, held, then = self.status()
-        fix = ("free some disk space" if error.errno in (errno.ENOSPC, errno.EDQUOT)
-               else "raise the file size limit (ulimit -f)" if error.errno == errno.EFBIG
-               else f"make {self.cfg.out_dir} writable"
-               if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-               else "see that the disk has space and the folder is writable")
+        fix = checkpoint.remedy(error.errno, self.cfg.out_dir)
         return (f"cannot write {error.filename or self.cfg.out_dir}: {error.strerror}; {held}"
                 + (f"; {fix}, then {then}" if then else ""))
 
@@ -436,8 +476,16 @@ def unwritten(error):
         errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def first_line(error):
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+def os_error(error):
+    """(errno, reason) of a library's failed write: the OSError under torch.save's error (it writes
+    into a file of checkpoint.save's), the OS error that safetensors names ("os error 28"), else
+    (None, its first line)."""
+    inner = error.__context__
+    if isinstance(inner, OSError) and inner.errno:
+        return inner.errno, inner.strerror
+    code = re.search(r"os error (\d+)", str(error))
+    return (int(code[1]), os.strerror(int(code[1]))) if code else \
+        (None, checkpoint.first_line(error))
 
 
 def due(step, every, steps, first=True):

@@ -1,6 +1,6 @@
 """
-Ctrl-C and SIGTERM: a flag that the run reads at points it owns, never an exception raised inside
-other code.
+Ctrl-C, SIGTERM and SIGHUP: a flag that the run reads at points it owns, never an exception raised
+inside other code.
 
 A handler that raises KeyboardInterrupt raises it wherever the main thread happens to be: inside
 matplotlib's C++ (which turns it into "ValueError: Invalid bounding box"), inside a save, between a
@@ -8,14 +8,16 @@ step's updates; every such place then needs its own guard. So the first signal o
 and says so in one line. machinery/run.py reads it between decode steps (a Stop is also a
 transformers StoppingCriteria, which `generate` asks after every token), after a step's generation,
 before a step's first update and at a step's end, then saves the steps applied and exits with 130
-(SIGINT) or 143 (SIGTERM). Once the run's last evaluation is recorded there is nothing left to stop:
-the signal says so and the run ends as it would have. A second signal quits at once with the first
-signal's code (0 once the run is complete), leaving the last checkpoint as it was: its writes are
-atomic (machinery/checkpoint.py). What each line offers is the command that works in the state the
-folder is in at that moment (the run's `status`). Before the run installs these handlers and once
-it has put them back, `python train.py` ignores both signals (machinery/config.py), and its stdout
-and stderr lose their lines, never the run, once nobody reads them (Lossy).
+(SIGINT), 143 (SIGTERM) or 129 (SIGHUP: a closed terminal; not under nohup). Once the run's last
+evaluation is recorded there is nothing left to stop: the signal says so and the run ends as it
+would have. A second signal quits at once with the first signal's code (0 once the run is
+complete), leaving the last checkpoint as it was: its writes are atomic (machinery/checkpoint.py).
+What each line offers is the command that works in the state the folder is in at that moment (the
+run's `status`). Before the run installs these handlers and once it has put them back, `python
+train.py` ignores them (machinery/config.py), and its stdout and stderr lose their lines, never the
+run, once nobody reads them (Lossy); a stop's last line then goes to stderr too (stdout_gone).
 """
+import errno
 import os
 import signal
 import sys
@@ -41,9 +43,10 @@ class Stop(StoppingCriteria):
                           device=input_ids.device)
 
     def install(self):
-        """Handle SIGINT and SIGTERM, in the main thread only (Python's rule for signals)."""
+        """Handle SIGINT, SIGTERM and SIGHUP (a closed terminal, unless the process started with it
+        ignored: nohup), in the main thread only (Python's rule for signals)."""
         if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+            self.old = {s: signal.signal(s, self.handler) for s in handled()}
 
     def restore(self):
         for s, handler in self.old.items():
@@ -71,6 +74,19 @@ class Stop(StoppingCriteria):
         os._exit(0 if state == "complete" else 128 + self.first)
 
 
+# SIGHUP as SIGTERM: a terminal that closes ends the run with a checkpoint. None: the process is
+# not train.py's own (a test, a notebook), which handles it unless it is ignored there.
+HANGUP = None
+
+
+def handled():
+    """The signals a run stops on: SIGINT, SIGTERM, and SIGHUP where it is not ignored (nohup)."""
+    hup = getattr(signal, "SIGHUP", None)  # POSIX only
+    keep = hup is not None and (HANGUP if HANGUP is not None else
+                                signal.getsignal(hup) != signal.SIG_IGN)
+    return (signal.SIGINT, signal.SIGTERM) + ((hup,) if keep else ())
+
+
 def say(line):
     """One line on stderr. os.write, not print: a handler may run inside a print, and a buffered
     stream refuses a reentrant call with an exception, which is what this design avoids. A stderr
@@ -81,26 +97,40 @@ def say(line):
         pass
 
 
+def stdout_gone():
+    """Is stdout's reader gone (Lossy found its pipe closed, or its terminal hung up)? Its buffer
+    is flushed first, so that a line just printed finds out."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # a stdout that is not Lossy's (a caller's): it says nothing of a reader
+        return False
+    return getattr(sys.stdout, "lost", False)
+
+
 class Lossy:
     """stdout or stderr for a process whose reader may go (`python train.py | head -2`, a log
-    collector that died): once a write or a flush meets a closed pipe (EPIPE), its descriptor is
-    pointed at /dev/null, so the lines are lost and the run goes on, as say() does for a stop's
-    line. Everything else is the stream's."""
+    collector that died, a terminal closed): once a write or a flush meets a closed pipe (EPIPE) or
+    a hung-up terminal (EIO), its descriptor is pointed at /dev/null, so the lines are lost and the
+    run goes on, as say() does for a stop's line. Everything else is the stream's."""
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream, self.lost = stream, False
 
     def write(self, text):
         try:
             return self.stream.write(text)
-        except BrokenPipeError:
+        except OSError as e:
+            if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
+                raise
             self.gone()
             return len(text)
 
     def flush(self):
         try:
             self.stream.flush()
-        except BrokenPipeError:
+        except OSError as e:
+            if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
+                raise
             self.gone()
 
     def gone(self):
@@ -108,6 +138,7 @@ class Lossy:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, self.stream.fileno())
         os.close(null)
+        self.lost = True
 
     def __getattr__(self, name):
         return getattr(self.stream, name)

@@ -1,6 +1,12 @@
-"""Shared test setup: everything offline, CPU-only, and deterministic."""
+"""Shared test setup: everything offline, CPU-only, and deterministic; every test independent of
+the others: each starts with the signals as a terminal gives them, and the suite runs in a new
+shuffled order each time (--shuffle SEED replays one, --shuffle off keeps the files' order)."""
 import json
 import os
+import random
+import signal
+import threading
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -83,3 +89,87 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# -----------------------------------------------------------------------------
+# independence: the signals as a terminal gives them, and a shuffled order
+
+
+HANDLED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                if hasattr(signal, name))
+
+
+@pytest.fixture(autouse=True)
+def terminal_signals():
+    """Every test starts with SIGINT, SIGTERM and SIGHUP as a terminal gives them (Python's Ctrl-C
+    handler, the defaults, none blocked), whatever started pytest and whatever ran before: a
+    background job of a script has SIGINT ignored, nohup SIGHUP, and a process a test starts
+    inherits an ignored or a blocked signal, so that a Ctrl-C sent to it did nothing. What the
+    test leaves is put back as it was found; a test that changed them is warned about."""
+    if threading.current_thread() is not threading.main_thread():  # signals: the main thread's
+        yield
+        return
+    found = {s: signal.getsignal(s) for s in HANDLED}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+    terminal = {s: signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
+                for s in HANDLED}
+    for s, handler in terminal.items():
+        signal.signal(s, handler)
+    yield
+    left = [signal.Signals(s).name for s in HANDLED if signal.getsignal(s) != terminal[s]]
+    left += [f"{signal.Signals(s).name} blocked"
+             for s in signal.pthread_sigmask(signal.SIG_SETMASK, mask) if s in HANDLED]
+    for s, handler in found.items():
+        signal.signal(s, handler)
+    if left:
+        warnings.warn(f"the test left {', '.join(left)} changed (put back)")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", default="random", metavar="SEED|random|off",
+                     help="the order the tests run in: the files, and the tests in each, shuffled "
+                          "(random: a new seed, printed at the end; SEED: that order again; "
+                          "off: as written)")
+
+
+def pytest_configure(config):
+    """The seed: the controller's, which each pytest-xdist worker is given, so that all of them
+    collect the same order (xdist requires it)."""
+    value = (config.workerinput["shuffle"] if hasattr(config, "workerinput")
+             else config.getoption("shuffle"))
+    if value not in ("random", "off") and not value.isdigit():
+        raise pytest.UsageError(f"--shuffle {value}: give a seed (a number), random or off")
+    config.shuffle = str(random.randrange(1_000_000)) if value == "random" else value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["shuffle"] = node.config.shuffle
+
+
+@pytest.hookimpl(tryfirst=True)  # pytest then groups the tests of a parametrized fixture
+def pytest_collection_modifyitems(config, items):
+    """Shuffle the files, then the tests within each file (a file's module fixtures are built once,
+    and --dist loadfile sends a file to one worker); a test marked `last` (a check of what the
+    file's other tests reached) stays after them."""
+    if config.shuffle == "off":
+        return
+    rng, files = random.Random(int(config.shuffle)), {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    order = list(files)
+    rng.shuffle(order)
+    for path in order:
+        rng.shuffle(files[path])
+        files[path].sort(key=lambda item: item.get_closest_marker("last") is not None)
+    items[:] = [item for path in order for item in files[path]]
+
+
+def pytest_report_header(config):
+    return f"test order: shuffled, --shuffle {config.shuffle}" if config.shuffle != "off" else None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if config.shuffle != "off":
+        terminalreporter.write_line(f"the tests ran in a shuffled order; --shuffle "
+                                    f"{config.shuffle} runs them in that order again")

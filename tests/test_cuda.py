@@ -247,6 +247,7 @@ def test_config_asks_torch_whether_auto_is_a_gpu(monkeypatch):
 
 # ----------------------------------------------------------------------------- keep it last
 
+@pytest.mark.last  # after the file's other tests, whatever the shuffled order (conftest.py)
 def test_every_torch_cuda_call_is_reached_by_a_test_under_the_fake():
     """Every torch.cuda.<name>(...) in the project (outside tests/) ran in a test of this file, with
     torch.cuda's real argument checks. Run with the whole file: the tests above do the reaching."""

@@ -237,6 +237,47 @@ def test_cli_sampled_columns(tiny_dir, tmp_path, capsys):
     assert {"pass@1", "pass@2", "pass@4"} <= set(table["results"]["tiny"])
 
 
+def test_an_interrupted_run_leaves_the_last_runs_results_whole(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A rerun with other settings, interrupted (Ctrl-C) in its second benchmark: the generations and
+    the table of the run before are left as they were, byte for byte, and agree; the interrupted
+    run's first benchmark is in the .part files; a run that ends replaces both."""
+    import eval as eval_py
+    out = tmp_path / "x.jsonl"
+    table = tmp_path / "x.json"
+    first = ["--model", tiny_dir, "--limit", "4", "--out", str(out), "--max_new_tokens", str(BUDGET)]
+    assert main(first + ["--benchmarks", "tiny"]) == 0
+    before = out.read_bytes(), table.read_bytes()
+    bench = tmp_path / "bench_test.jsonl"  # a second benchmark: the whole file, 3 problems
+    bench.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n"
+                             for r in tiny.problems("test", limit=3)))
+    two = ["--benchmarks", f"tiny,{bench}", "--n", "2", "--temperature", "1"]
+    real, calls = eval_py.evaluate, []
+
+    def ctrl_c_in_the_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(eval_py, "evaluate", ctrl_c_in_the_second)
+    capsys.readouterr()
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as e:
+        main(first + two)
+    assert (out.read_bytes(), table.read_bytes()) == before
+    assert e.type is SystemExit and e.value.code == 130  # 128 + SIGINT, one line
+    assert capsys.readouterr().err.splitlines()[-1] == (f"interrupted: {out} and {table} are as they were; this "
+                                              f"run's results so far are in {out}.part and {table}.part")
+    lines, kept = _read(out)
+    _check_table_against_jsonl(lines, kept, n=1)
+    part = [json.loads(line) for line in open(f"{out}.part")]
+    assert {r["benchmark"] for r in part} == {"tiny"} and len(part) == 8
+    monkeypatch.undo()
+    assert main(first + two) == 0
+    lines, now = _read(out)
+    _check_table_against_jsonl(lines, now, n=2)
+    assert set(now["results"]) == {"tiny", str(bench)} and len(lines) == 14
+    assert not os.path.exists(f"{out}.part") and not os.path.exists(f"{table}.part")
+
+
 @requires_shared
 def test_cli_every_shared_benchmark(tiny_dir, tmp_path):
     out = tmp_path / "all.jsonl"
