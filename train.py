@@ -12,12 +12,12 @@ A step is one rollout batch, in seven parts (docs/algorithm.md has every equatio
 rollouts whose advantages have maximal variance) -> 5 forward of the kept rollouts only -> 6 token
 selection (top |A| * entropy, pooled over the step) -> 7 K updates on the kept tokens.
 """
+from machinery.config import main, pick  # first: a Ctrl-C while anything loads is one line
 import math
 import time
 from dataclasses import dataclass
 from functools import partial
 
-from machinery.config import main, pick  # first: a Ctrl-C while torch loads is one line, exit 130
 import torch
 import d3s
 from eval import evaluate

@@ -1549,10 +1549,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.parametrize("program, armed_at", [
     ("eval.py", "machinery.ctrl_c"),
-    pytest.param("train.py", "math", marks=pytest.mark.xfail(
-        strict=True, reason="train.py imports math, time, dataclasses, functools before "
-                            "machinery.config, whose first import sets the hook: its line "
-                            "`from machinery.config import main, pick` goes first (the lead's)"))])
+    ("train.py", "math")])
 def test_ctrl_c_at_the_first_import_after_the_hook_begins_is_one_line(program, armed_at):
     """Ctrl-C as early as a script can answer it (the first 50 ms were a traceback): at the first
     import after machinery/ctrl_c.py's began (which imported traceback before setting its hook), or
