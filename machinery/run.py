@@ -541,7 +541,7 @@ def first_lines(cfg, world, device, state, n_train, n_eval):
 
 # the passes run.fit sizes, as its lines name them
 PASSES = {"generation": "generation", "evaluation": "the held-out evaluation",
-          "no_grad": "step 5's no-grad pass", "update": "an update"}
+          "no_grad": "logp_old's no-grad pass", "update": "an update"}
 
 
 def out_of_memory(cfg, step, saved, kind=None, again=None):
