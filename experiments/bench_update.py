@@ -32,8 +32,11 @@ The worlds:
              --max_new_tokens: truncated), tokens at random; the sampler's entropy drawn from a
              heavy-tailed law (most tokens near 0, a few forks); a share --zero_var of the groups
              all right or all wrong, the others a random count of successes in 1..G-1.
-K = 4 (train.py's default) and --micro_batch_size rollouts a forward. Prints a markdown table per
-checkout and writes every number to --json.
+K = 4 (train.py's default) and --micro_batch_size rollouts a forward. A tiny world's batch is
+sampled --gen_rounds times, timed (step 1 and its rewards, as train.py runs them), for generation's
+share of GRPO's step on this machine: a device's share as experiments/budget.py takes it, beside
+the update ratios of the table. Prints a markdown table per checkout and writes every number to
+--json.
 """
 import argparse
 import contextlib
@@ -44,6 +47,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -99,6 +103,7 @@ class Batch:
     rewards: list      # B floats, 0/1
     prompts: int       # P
     model: str         # the folder every configuration loads
+    gen_s: float = None  # step 1's seconds for this batch (median of --gen_rounds; None: not run)
 
 
 def world_batch(args):
@@ -111,12 +116,17 @@ def world_batch(args):
     folder = tiny.pretrained(os.path.join(ROOT, "out", args.world), name=args.world)
     model, tok = load_model(folder, device="cpu", dtype="float32")
     rows = batch_at(load_problems(args.world, "train"), 0, args.prompts, args.seed)
-    ro = rollout.generate_groups(model, tok, [format_prompt(tok, r["prompt"]) for r in rows],
-                                 args.group_size, args.max_new_tokens or 32, seed=args.seed,
-                                 record_entropy=True)
-    rewards, _ = score(ro.texts, [r["answer"] for r in rows for _ in range(args.group_size)],
-                       ro.truncated.tolist())
-    return Batch(fields_of(ro), rewards, args.prompts, folder)
+    seconds = []
+    for _ in range(args.gen_rounds):  # step 1 as train.py runs it (model.train(): generate_groups
+        t0 = time.perf_counter()      # puts it in eval mode itself), its rewards included
+        ro = rollout.generate_groups(model.train(), tok, [format_prompt(tok, r["prompt"])
+                                                          for r in rows], args.group_size,
+                                     args.max_new_tokens or 32, seed=args.seed,
+                                     record_entropy=True)
+        rewards, _ = score(ro.texts, [r["answer"] for r in rows for _ in range(args.group_size)],
+                           ro.truncated.tolist())
+        seconds.append(time.perf_counter() - t0)
+    return Batch(fields_of(ro), rewards, args.prompts, folder, statistics.median(seconds))
 
 
 def real_batch(args):
@@ -288,6 +298,7 @@ def main(argv=None):
     p.add_argument("--ratios", default=RATIOS, help="D3S's rho_s/rho_t, comma-separated")
     p.add_argument("--steps", type=int, default=2, help="counted steps a run (after a warm-up)")
     p.add_argument("--rounds", type=int, default=1, help="ABBA rounds")
+    p.add_argument("--gen_rounds", type=int, default=3, help="a tiny world: step 1 timed so often")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "bench_update"))
     p.add_argument("--json", default="")
@@ -329,6 +340,10 @@ def main(argv=None):
                           "forwarded": last["fwd_bwd_tokens"] / (1 - (last.get("upd_pad_share")
                                                                       or 0.0))}
         print(table(out, f"{args.world}, {t}") + "\n")
+        if batch.gen_s is not None:  # generation's share of GRPO's step, as budget.py takes it
+            out["share"] = batch.gen_s / (batch.gen_s + out["grpo"]["upd_s"])
+            print(f"step 1 on this batch: {batch.gen_s:.3f} s (median of {args.gen_rounds}); "
+                  f"generation's share of GRPO's step: {out['share']:.3f}\n")
     print("### What each change bought, by count (decoder tokens: with a gradient / without)\n")
     for c in configs:
         steps = what_each_bought(batch, *c)
