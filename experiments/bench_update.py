@@ -30,7 +30,7 @@ The worlds:
              --hidden, --layers), random weights; P GSM8K prompts in the chat template, G rollouts
              each, whose lengths are the token lengths of G random GSM8K reference answers (cut at
              --max_new_tokens: truncated), tokens at random; the sampler's entropy drawn from a
-             heavy-tailed law (most tokens near 0, a few forks); a share --zero_var of the groups
+             heavy-tailed law (most tokens near 0, a few forks); round(--zero_var x P) of the groups
              all right or all wrong, the others a random count of successes in 1..G-1.
 K = 4 (train.py's default) and --micro_batch_size rollouts a forward. A tiny world's batch is
 sampled --gen_rounds times, timed (step 1 and its rewards, as train.py runs them), for generation's
@@ -150,7 +150,9 @@ def real_batch(args):
         args.max_new_tokens or 512
     pick = torch.randperm(len(problems), generator=g)
     prompts = [format_prompt(tok, problems[i]["prompt"]) for i in pick[:P].tolist()]
-    pool = [len(tok(problems[i]["solution"])["input_ids"]) + 1  # + the stop token
+    with open(args.data) as f:  # the reference solutions, as written (GSM8K: `answer`)
+        raw = [json.loads(line) for line in f if line.strip()]
+    pool = [len(tok(raw[i].get("solution") or raw[i]["answer"])["input_ids"]) + 1  # + the stop
             for i in pick[P:P + 2000].tolist()]
     lengths = torch.tensor([pool[i] for i in torch.randint(len(pool), (P * G,), generator=g)])
     stop, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
@@ -163,10 +165,10 @@ def real_batch(args):
     last = (lengths.clamp(max=N) - 1)[:, None]
     ids = torch.where((cols == last) & ~truncated[:, None], stop, ids)
     entropy = (torch.distributions.Exponential(2.0).sample((P * G, T)) ** 2) * mask
-    rewards = []
-    for _ in range(P):
-        if torch.rand((), generator=g) < args.zero_var:
-            rewards += [float(torch.rand((), generator=g) < 0.5)] * G
+    rewards, flat = [], set(torch.randperm(P, generator=g)[:round(args.zero_var * P)].tolist())
+    for i in range(P):
+        if i in flat:  # all right or all wrong, alternately
+            rewards += [float(len(rewards) // G % 2)] * G
         else:
             k = int(torch.randint(1, G, (), generator=g))
             rewards += [1.0] * k + [0.0] * (G - k)
