@@ -17,8 +17,10 @@ def test_t_test_against_the_t_table():
 
 
 def test_holm_steps_down_by_hand():
-    # alpha 0.05 over 4: 0.01 <= 0.0125 yes, 0.02 <= 0.0167 no, and nothing after the first refusal
-    assert k.holm([0.02, 0.01, 0.04, 0.001]) == [False, True, False, True]
+    # alpha 0.05 over 4, smallest first: 0.001 <= 0.05/4 and 0.01 <= 0.05/3 pass; 0.03 > 0.05/2 fails,
+    # and nothing after the first refusal passes (0.04 <= 0.05/1 would on its own)
+    assert k.holm([0.03, 0.01, 0.04, 0.001]) == [False, True, False, True]
+    assert k.holm([0.02, 0.01, 0.04, 0.001]) == [True] * 4  # 0.02 <= 0.05/2, 0.04 <= 0.05
     assert k.holm([0.2, 0.3]) == [False, False]
 
 
