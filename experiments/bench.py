@@ -181,7 +181,8 @@ from machinery.model import load_model
 
 # Per-step fields of log.jsonl kept in results.json: what the table and the plot are computed from.
 STEP_FIELDS = ("step", "reward", "zero_var", "kept", "rollouts", "tokens", "fwd_bwd_tokens",
-               "valid", "grad_norm", "t_gen", "t_upd", "nonfinite", "updates", "pad_share")
+               "nograd_tokens", "head_rows", "upd_pad_share", "no_signal", "valid", "grad_norm",
+               "t_gen", "t_upd", "nonfinite", "updates", "pad_share")
 # train.Config fields bench passes on when given on the command line (the rest: train.py's
 # defaults); the divisor and the mini-batch size where this train.py has them
 PASS_THROUGH = {"steps": int, "eval_every": int, "eval_size": int, "prompts_per_step": int,

@@ -5,6 +5,8 @@ each method reaches a target fixed before the runs.
 
     python experiments/study_k.py --prices tiny=out/k/update-tiny.json,... --json out/study/k.json
 
+(from the folder bench.py ran in: each run's log.jsonl is read from its out_dir).
+
 For each world W, the runs are bench.py's folders out/study/cut-W (grpo and grpo-filter, 60 steps),
 cut-W-d3s-cpu (d3s, the steps this CPU's prices planned) and cut-W-d3s-h200 (the H200's). This
 CPU prices each step by its own counts, with its seconds timed on a quiet machine (--prices: a
@@ -129,6 +131,10 @@ def cost_to(runs, device, target):
 def world(name, root, prices):
     runs = budget.runs_of([os.path.join(root, f"cut-{name}{x}") for x in ("", "-d3s-cpu",
                                                                          "-d3s-h200")])
+    for rs in (rs for sets in runs.values() for rs in sets.values()):
+        for r in rs:  # every count of each step: the run's own log.jsonl (bench.py keeps a few)
+            with open(os.path.join(r["out_dir"], "log.jsonl")) as f:
+                r["steps"] = [json.loads(line) for line in f][:len(r["steps"])]
     coef, gen, _ = prices
     grpo_steps = np.concatenate([step_seconds(r, coef, gen[name]) for r in runs["grpo"][60]])
     cpu = {"name": "cpu", "coef": coef, "gen": gen[name], "unit": float(grpo_steps.mean())}
@@ -141,8 +147,10 @@ def world(name, root, prices):
         chosen = {m: runs[m][n] for m, n in pick[device["name"]].items()}
         seeds = [r["seed"] for r in chosen["grpo"]]
         assert all([r["seed"] for r in rs] == seeds for rs in chosen.values()), "unpaired seeds"
-        dev = out["devices"][device["name"]] = {"share": device["share"], "budgets": {},
-                                               "steps": pick[device["name"]]}
+        dev = out["devices"][device["name"]] = {
+            "share": device["share"], "budgets": {}, "steps": pick[device["name"]],
+            "cost": {m: float(np.mean([costs_of(r, device).sum() for r in rs]))  # whole runs
+                     for m, rs in chosen.items()}}
         for at in BUDGETS:
             read = {m: [read_at(r, device, at) for r in rs] for m, rs in chosen.items()}
             acc = {m: [x[1] for x in v] for m, v in read.items()}
@@ -205,6 +213,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--root", default=os.path.join("out", "study"))
     p.add_argument("--prices", required=True, help="WORLD=bench_update.json,... (this CPU's)")
+    p.add_argument("--worlds", default="", help="the worlds to read (default: every one priced)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     paths = dict(x.split("=", 1) for x in args.prices.split(","))
@@ -213,11 +222,13 @@ def main(argv=None):
           f"{prices[0][2]:.3e} x nograd_tokens (the largest error {100 * prices[2]:.1f}% over "
           f"{len(paths)} worlds' configurations); step 1: " + ", ".join(
               f"{w} {s:.3f} s" for w, s in prices[1].items()) + "\n")
-    results = {w: world(w, args.root, prices) for w, path in paths.items()}
+    worlds = args.worlds.split(",") if args.worlds else list(paths)
+    results = {w: world(w, args.root, prices) for w in worlds}
     for w, r in results.items():
         print(f"## {w} (target {100 * r['target']:.0f}%)\n")
         for d, dv in r["devices"].items():
-            print(f"{d}: share {dv['share']:.3f}, runs {dv['steps']}")
+            print(f"{d}: share {dv['share']:.3f}; runs (steps: their whole cost in GRPO steps) "
+                  + ", ".join(f"{m} ({n}: {dv['cost'][m]:.1f})" for m, n in dv["steps"].items()))
             for at, bv in dv["budgets"].items():
                 acc = ", ".join(f"{m} {100 * a:.1f}% (step {bv['step'][m]:.1f}"
                                 + (f", {bv['ended_first'][m]} ended first" if bv['ended_first'][m]
