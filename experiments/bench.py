@@ -274,7 +274,7 @@ def run_one(cfg, context=None):
             result["history"] = train.train(cfg, log=log, given=given)
             with open(os.path.join(cfg.out_dir, "log.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
-            result["steps"] = [{k: row[k] for k in STEP_FIELDS} for row in rows]
+            result["steps"] = [{k: row[k] for k in STEP_FIELDS if k in row} for row in rows]
             # [ours] the final checkpoint (weights + optimizer state) is not needed for the table;
             # dropping it keeps a 200-run study folder small.
             shutil.rmtree(os.path.join(cfg.out_dir, "checkpoint"), ignore_errors=True)
