@@ -10,7 +10,7 @@ Train a language model on math with GRPO and D3S (Dynamic Dual-Level Down-Sampli
 A step is one rollout batch, in seven parts (docs/algorithm.md has every equation, [ours] choices):
 1 rollout: G samples per prompt -> 2 reward (0/1) -> 3 group advantages -> 4 sample selection (the
 rollouts whose advantages have maximal variance) -> 5 their tokens' entropy (the sampler's) -> 6
-token selection (top |A| * entropy, pooled over the step) -> 7 K updates, forwarding what they train.
+token selection (top |A| * entropy, pooled over the step) -> 7 K updates, forwarding what they use.
 """
 from machinery.config import main, pick  # first: a Ctrl-C while anything loads is one line
 import math
