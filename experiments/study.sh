@@ -13,6 +13,7 @@
 #   bash experiments/study.sh fork       # tiny-fork on seeds 0-7, in steps and in GRPO's seconds
 #   bash experiments/study.sh share      # J: the filter baseline, the informative controls, and
 #                                        # the speed-up at every generation share, three worlds
+#   bash experiments/study.sh cut        # K: per second priced on each device, equal seconds
 #
 # On a 2-core machine, two runs at a time with one thread each. bench.py keeps every finished run
 # under out/study/ and reuses it when a command is repeated, so an interrupted stage resumes where
@@ -26,6 +27,7 @@ SGD="--optimizer sgd --grad_clip 0"
 WEAK="--model tiny-weak --steps 60 $C"  # the world where most groups start all wrong (tiny.py)
 FORK="--model tiny-fork --steps 60 $C"  # the world with a real model's share of forks
 BENCH="python experiments/bench.py"
+USAGE="usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork|share|cut"
 
 case "${1:-}" in
 tune)
@@ -177,11 +179,30 @@ share)
   python experiments/share.py out/study/share-tiny out/study/share-tiny-fork \
       out/study/share-tiny-weak --out experiments/figures/share.png --json out/study/share.json
   ;;
+cut)
+  # K: grpo, grpo-filter and d3s after the update stopped forwarding what it does not train, three
+  #    worlds, 12 paired seeds; D3S's lengths are the ones GRPO's 60 steps' seconds afford it on
+  #    this CPU (79) and on the H200 (66), planned before the runs (experiments/budget.py plan); then
+  #    this CPU's prices, timed on a quiet machine, and the reading (experiments/study_k.py)
+  K="--eval_size 400 --eval_every 10 --jobs 2 --threads 1 --lr 5e-5 --seeds 12"
+  for world in tiny tiny-fork tiny-weak; do
+    $BENCH --model $world $K --methods grpo,grpo-filter --steps 60 --out out/study/cut-$world
+    $BENCH --model $world $K --methods d3s --steps 79 --out out/study/cut-$world-d3s-cpu
+    $BENCH --model $world $K --methods d3s --steps 66 --out out/study/cut-$world-d3s-h200
+  done
+  for world in tiny tiny-fork tiny-weak; do  # on an otherwise idle machine
+    python experiments/bench_update.py --world $world --threads 1 --steps 3 --rounds 2 \
+        --ratios 0.25/0.2,0.375/0.3,0.5/0.4,0.625/0.5,0.75/0.6 --json out/study/update-$world.json
+  done
+  U=out/study/update
+  python experiments/study_k.py --json out/study/k.json \
+      --prices tiny=$U-tiny.json,tiny-fork=$U-tiny-fork.json,tiny-weak=$U-tiny-weak.json
+  ;;
 -h|--help)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork|share"
+  echo "$USAGE"
   ;;
 *)
-  echo "usage: bash experiments/study.sh tune|run|weak-tune|weak|controls|fork-tune|fork|share" >&2
+  echo "$USAGE" >&2
   exit 2
   ;;
 esac
