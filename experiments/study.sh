@@ -182,8 +182,8 @@ share)
 cut)
   # K: grpo, grpo-filter and d3s after the update stopped forwarding what it does not train, three
   #    worlds, 12 paired seeds; D3S's lengths are the ones GRPO's 60 steps' seconds afford it on
-  #    this CPU (79) and on the H200 (66), planned before the runs (experiments/budget.py plan); then
-  #    this CPU's prices, timed on a quiet machine, and the reading (experiments/study_k.py)
+  #    this CPU (79) and on the H200 (66), planned before the runs (experiments/budget.py plan);
+  #    then this CPU's prices, timed on a quiet machine, and the reading (experiments/study_k.py)
   K="--eval_size 400 --eval_every 10 --jobs 2 --threads 1 --lr 5e-5 --seeds 12"
   for world in tiny tiny-fork tiny-weak; do
     $BENCH --model $world $K --methods grpo,grpo-filter --steps 60 --out out/study/cut-$world
