@@ -11,8 +11,9 @@ OlympiadBench; `--benchmarks all` is all seven (MATH-500 for MATH). The model ar
 model.load_model and --dtype through model.autocast, exactly as in train.py ("auto": float32
 weights, autocast on a GPU: bf16 from compute capability 8.0, else float16), and train.py's held-out
 accuracy is evaluate() below: on the same rows (--limit = train.py's --eval_size) and
---max_new_tokens, eval.py's accuracy equals train.py's bit for bit on a CPU in float32. On a GPU
-under bf16 autocast, results change with batch shape, and train.py generates in batches of its
+--max_new_tokens, eval.py's accuracy equals train.py's up to the rounding of the logits: exactly
+on a CPU in float32 for the tests' models. Results change with batch shape where that rounding
+moves a token (on a GPU under bf16 autocast, often), and train.py generates in batches of its
 --gen_batch_size (256 when 0), eval.py in --batch_size: the two can differ by a few completions.
 
 A benchmark is always a test split, data.load_problems(name, "test"), and the line printed before
@@ -48,9 +49,9 @@ sorted by length, longest first, and generated in batches; out of memory lowers 
 train.py's generation does and redoes it.
 Sampling is seeded per benchmark by --seed; with --top_p 1 the samples do not depend on --batch_size
 or on a halving (rollout.py draws each row's random numbers from the seed, the row and the
-position alone). That holds bit for bit on a CPU in float32; on a GPU under bf16 autocast the
-logits themselves change with batch shape, so --batch_size or a halving can change a sample (or a
-greedy completion) there.
+position alone), up to the rounding of the logits: the tests' models agree token for token on a
+CPU in float32; under bf16 autocast on a GPU the logits change with batch shape, so --batch_size or
+a halving can change a sample (or a greedy completion) there.
 """
 import machinery.ctrl_c  # noqa: F401  first: a Ctrl-C while torch loads is one line, exit 130
 import argparse
