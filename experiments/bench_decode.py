@@ -8,6 +8,7 @@ the graph torch.compile builds, against an H200's bandwidth (the roofline; no ti
     python experiments/bench_decode.py --world tiny --rounds 5 --threads 1
     python experiments/bench_decode.py --world real --compile inductor ...   # the loop compiled
     python experiments/bench_decode.py --roofline             # Qwen2.5-0.5B's step, bytes counted
+    python experiments/bench_decode.py --world tiny --against /tmp/before   # and another checkout
 
 Timed, two worlds:
   real  a Qwen2 of the real vocabulary (the tokenizer's 151,936 tokens) with 2 layers of width 64
@@ -17,16 +18,18 @@ Timed, two worlds:
         for a 0.5B model on a GPU. Random weights rarely stop: most rows run to the budget.
   tiny  the offline tiny world's model (out/tiny) and prompts at train.py's tiny defaults (16
         prompts x 8 rows, 32 new tokens), where rows stop early.
-Each round runs the loop, then hf (or the reverse, alternating), after one warm-up call of each;
-the table has the medians: seconds, of them the prefill's (the decoder's calls on more than one
-token: the prompts), the rest per decoded token (ms a step, over all rows), generated tokens per
-second (completion tokens, the stop included, over the seconds), the loop's seconds over hf's, and
-the padding share (decoded row-positions after a row had stopped over all decoded: rows x decode
-steps). The rows whose tokens are the same from both engines are counted too: equal up to the
-rounding of the logits (machinery/sampling.py), and the real world's random model has a nearly flat
+Each round runs the loop, then hf (the order reversed every other round), after one warm-up call of
+each; the table has the medians: seconds, of them the prefill's (the decoder's calls on more than
+one token: the prompts), the rest per decoded token (ms a step, over all rows), generated tokens per
+second (completion tokens, the stop included, over the seconds), each engine's seconds over hf's,
+and the padding share (decoded row-positions after a row had stopped over all decoded: rows x decode
+steps). The rows whose tokens are the same as the loop's are counted too: equal up to the rounding
+of the logits (machinery/sampling.py), and the real world's random model has a nearly flat
 distribution, each of its 151,936 tokens ~7e-6 wide, where the engines' few-ulp differences move a
 uniform across a token's edge now and then. --compile BACKEND compiles the loop's step with that
-torch.compile backend (machinery/sampling.COMPILE; the warm-up round pays the compile).
+torch.compile backend (machinery/sampling.COMPILE; the warm-up round pays the compile). --against
+PATH adds the loop of another checkout (the code before a change, in a git worktree), imported
+beside this one and timed in the same rounds and process: no two processes to compare.
 
 The roofline (--roofline): Qwen2.5-0.5B's architecture (random weights, float32 masters as
 --dtype auto holds them), its decode step compiled with a backend that records the ATen graph
@@ -43,6 +46,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -92,27 +96,42 @@ class PrefillClock:
             self.seconds += time.perf_counter() - self.t0
 
 
-def measure(model, tok, prompts, G, N, rounds):
+def measure(model, tok, prompts, G, N, rounds, engines):
     """{engine: [(seconds, prefill seconds, tokens, decode steps, padding share)] per round}, and
-    the rows (over all rounds) whose tokens agreed, of how many."""
-    times, same, rows, clock = {"loop": [], "hf": []}, 0, 0, PrefillClock(model)
+    {engine: [rows whose tokens agreed with the loop's, rows]} over all rounds; engines: {name:
+    generate_groups(..., engine=...)}, run in turn, the order reversed every other round."""
+    times, clock = {e: [] for e in engines}, PrefillClock(model)
+    same = {e: [0, 0] for e in list(engines)[1:]}
     for r in range(rounds + 1):  # round 0 warms up
-        order = ("loop", "hf") if r % 2 == 0 else ("hf", "loop")
+        order = list(engines) if r % 2 == 0 else list(engines)[::-1]
         got = {}
         for engine in order:
             clock.seconds, t0 = 0.0, time.perf_counter()
-            got[engine] = out = generate_groups(model, tok, prompts, G, N, seed=r, engine=engine)
+            got[engine] = out = engines[engine](model, tok, prompts, G, N, seed=r)
             seconds = time.perf_counter() - t0
             tokens = int(out.completion_mask.sum())
             if r:
                 times[engine].append((seconds, clock.seconds, tokens, out.decoded // len(out.texts),
                                       1 - tokens / out.decoded))
-        a, b = got["loop"], got["hf"]
-        T = max(a.completion_ids.shape[1], b.completion_ids.shape[1])
-        a, b = (torch.nn.functional.pad(x.completion_ids, (0, T - x.completion_ids.shape[1]))
-                for x in (a, b))
-        same, rows = same + int((a == b).all(dim=1).sum()), rows + len(a)
-    return times, (same, rows)
+        for engine in same:
+            a, b = got["loop"], got[engine]
+            T = max(a.completion_ids.shape[1], b.completion_ids.shape[1])
+            a, b = (torch.nn.functional.pad(x.completion_ids, (0, T - x.completion_ids.shape[1]))
+                    for x in (a, b))
+            same[engine][0] += int((a == b).all(dim=1).sum())
+            same[engine][1] += len(a)
+    return times, same
+
+
+def engines(against=None):
+    """The loop and hf, and with a checkout's path the loop of that checkout (its rollout.py and
+    machinery, imported beside these: bench_update.load_tree), timed in the same rounds."""
+    run = {e: partial(generate_groups, engine=e) for e in ("loop", "hf")}
+    if against:
+        from experiments.bench_update import load_tree
+        run["loop " + os.path.basename(os.path.abspath(against))] = partial(
+            load_tree(against)["rollout"].generate_groups, engine="loop")
+    return run
 
 # -----------------------------------------------------------------------------
 # the roofline: a decode step's bytes, counted on the graph torch.compile builds
@@ -344,6 +363,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=0, help="--roofline: layers (0: the model's 24)")
     p.add_argument("--before", action="store_true",
                    help="--roofline: the step with transformers' attention and autocast's casts")
+    p.add_argument("--against", default=None, help="another checkout (the code before a change): "
+                   "its loop timed in the same process and rounds, a row 'loop FOLDER'")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.roofline:
@@ -352,20 +373,22 @@ def main(argv=None):
     worlds = ("real", "tiny") if args.world == "both" else (args.world,)
     print(f"torch threads {args.threads}, {args.rounds} rounds (medians), the loop's step "
           f"compiled: {args.compile}, torch {torch.__version__}")
-    print("world | rows x tokens | engine | seconds | prefill s | ms a step | tokens/s | loop/hf | "
-          "padding")
+    print("world | rows x tokens | engine | seconds | prefill s | ms a step | tokens/s | "
+          "s / hf's | padding")
     for world in worlds:
         model, tok, prompts = real_world(args) if world == "real" else tiny_world(args)
         G, N = (args.group_size, args.max_new_tokens) if world == "real" else (8, 32)
-        times, same = measure(model, tok, prompts, G, N, args.rounds)
+        times, same = measure(model, tok, prompts, G, N, args.rounds, engines(args.against))
         med = {e: [statistics.median(x[i] for x in v) for i in range(5)]
                for e, v in times.items()}
-        for engine in ("loop", "hf"):
+        for engine in times:
             s, prefill, n, steps, pad = med[engine]
             print(f"{world} | {len(prompts) * G} x {N} | {engine} | {s:.2f} | {prefill:.2f} | "
                   f"{1000 * (s - prefill) / steps:.1f} | {n / s:,.0f} | "
-                  f"{med['loop'][0] / med['hf'][0]:.2f} | {pad:.3f}")
-        print(f"{world}: rows with the same tokens from both engines: {same[0]} of {same[1]}")
+                  f"{s / med['hf'][0]:.2f} | {pad:.3f}")
+        for engine, (n, rows) in same.items():
+            print(f"{world}: rows with the same tokens from the loop and {engine}: {n} of {rows}; "
+                  f"its seconds / the loop's {med[engine][0] / med['loop'][0]:.2f}")
 
 
 if __name__ == "__main__":
