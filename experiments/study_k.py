@@ -23,7 +23,10 @@ counted). Contrasts d3s - grpo, grpo-filter - grpo, d3s - grpo-filter, paired by
 95% t interval, a two-sided paired t-test's p, and Holm's correction over every comparison made.
 The target accuracy of each world was fixed before the runs (TARGETS); "x sooner" is GRPO's priced
 seconds to it over the method's, each from the seed-mean curve, with a 95% bootstrap interval over
-seeds (BOOTSTRAP resamples, numpy seed 0; a resample that never gets there counts as 0).
+seeds (BOOTSTRAP resamples, numpy seed 0; a resample that never gets there counts as 0). And where
+this CPU's answer would flip (flip_share): the generation share of GRPO's step below which a method
+is sooner, its update priced by this CPU's counts and generation's seconds scaled [a projection],
+with an interval over the same resamples.
 """
 import argparse
 import json
@@ -128,6 +131,29 @@ def cost_to(runs, device, target):
     return None
 
 
+def flip_share(grpo_runs, runs, coef, update, target):
+    """The generation share of GRPO's step below which `runs` reach the target sooner than GRPO,
+    with this CPU's update prices (coef) and generation's seconds scaled to each share [a
+    projection: a device's own update ratio may differ]. At step-1 seconds g, x = (s_grpo g +
+    U_grpo) / (s g + U) (s: steps to the target, U: the update's seconds until then) is 1 at g* =
+    (U_grpo - U) / (s - s_grpo): the share g* / (g* + update), update GRPO's mean update seconds a
+    step. 1.0: sooner at
+    every share; 0.0: at none; None: a set never reaches the target, or is sooner only above a
+    share (fewer steps, a dearer update)."""
+    each_step = {"coef": (0.0, 0.0, 0.0), "gen": 1.0, "unit": 1.0}  # costs: steps
+    update_only = {"coef": coef, "gen": 0.0, "unit": 1.0}  # costs: the update's seconds
+    (sg, ug), (sm, um) = ((cost_to(rs, each_step, target), cost_to(rs, update_only, target))
+                          for rs in (grpo_runs, runs))
+    if None in (sg, sm) or (sm < sg and um > ug):
+        return None
+    if sm <= sg and um <= ug:
+        return 1.0
+    if sm >= sg and um >= ug:
+        return 0.0
+    g = (ug - um) / (sm - sg)
+    return g / (g + update)
+
+
 def world(name, root, prices):
     runs = budget.runs_of([os.path.join(root, f"cut-{name}{x}") for x in ("", "-d3s-cpu",
                                                                          "-d3s-h200")])
@@ -176,6 +202,17 @@ def world(name, root, prices):
             sooner[m] = {"cost": mine, "x": point,
                          "ci": [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]}
         dev["sooner"] = sooner
+        if device["name"] == "cpu":  # where this CPU's answer would flip, generation scaled
+            update = device["unit"] - device["gen"]
+            flip = {}
+            for m, rs in chosen.items():
+                vals = [flip_share([chosen["grpo"][i] for i in b], [rs[i] for i in b], coef,
+                                   update, TARGETS[name]) for b in boots]
+                vals = [0.0 if v is None else v for v in vals]
+                flip[m] = {"share": flip_share(chosen["grpo"], rs, coef, update, TARGETS[name]),
+                           "ci": [float(np.percentile(vals, 2.5)),
+                                  float(np.percentile(vals, 97.5))]}
+            dev["flip"] = flip
     for m, sets in runs.items():  # per step: the first 60 steps of every run, AUC by trapezoid
         for n, rs in sets.items():
             aucs = []
@@ -237,6 +274,11 @@ def main(argv=None):
             print("  x sooner to the target: " + ", ".join(
                 f"{m} {v['x']:.2f}x [{v['ci'][0]:.2f}, {v['ci'][1]:.2f}]"
                 for m, v in dv["sooner"].items()))
+            if "flip" in dv:
+                print("  sooner than GRPO below a generation share of (this CPU's update, "
+                      "generation scaled; 1: at every share): " + ", ".join(
+                          f"{m} {v['share']:.2f} [{v['ci'][0]:.2f}, {v['ci'][1]:.2f}]"
+                          for m, v in dv["flip"].items() if m != "grpo"))
         for k, v in r["per_step"].items():
             m, h, pv = v["auc_vs_grpo"]
             print(f"  per step, {k}: AUC to step 60 {100 * v['auc']:.1f}% ({100 * m:+.1f} ± "

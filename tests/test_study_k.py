@@ -59,3 +59,23 @@ def test_this_cpus_prices_fit_the_counts_and_price_each_step(tmp_path):
              {"no_signal": True, "fwd_bwd_tokens": 0, "nograd_tokens": 0}]
     got = k.step_seconds({"steps": steps}, coef, 0.3)
     assert got == pytest.approx([0.3 + 0.05 + 0.5 + 0.06, 0.3])
+
+
+def test_the_share_where_the_answer_flips_by_hand():
+    """GRPO reaches 50% at step 5 (1 s of update a step), D3S at step 8 (0.2 s a step): D3S is
+    sooner while 8 g + 1.6 < 5 g + 5, below g* = 3.4 / 3 s of generation a step, a share of GRPO's
+    step of g* / (g* + 1) = 17 / 32."""
+    def priced(method, tokens, accuracy_at_10):
+        r = run(method, 10, [(0, 0.0), (10, accuracy_at_10)])
+        r["steps"] = [{"no_signal": False, "fwd_bwd_tokens": tokens}] * 10
+        return r
+    coef = (0.0, 1e-3, 0.0)
+    grpo, d3s = [priced("grpo", 1000, 1.0)], [priced("d3s", 200, 0.625)]
+    flip = k.flip_share(grpo, d3s, coef, 1.0, 0.5)
+    assert flip == pytest.approx(17 / 32)
+    g = flip / (1 - flip)  # generation's seconds a step at that share: x is 1 there
+    at = {"coef": coef, "gen": g, "unit": g + 1.0}
+    assert k.cost_to(grpo, at, 0.5) == pytest.approx(k.cost_to(d3s, at, 0.5))
+    assert k.flip_share(grpo, [priced("d3s", 200, 1.0)], coef, 1.0, 0.5) == 1.0  # fewer, cheaper
+    assert k.flip_share(grpo, [priced("d3s", 1000, 0.625)], coef, 1.0, 0.5) == 0.0  # more, as dear
+    assert k.flip_share(grpo, [priced("d3s", 200, 0.4)], coef, 1.0, 0.5) is None  # never there
