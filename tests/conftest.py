@@ -80,6 +80,44 @@ def exit_2(argv, capsys):
     return err[0]
 
 
+def in_a_child(fn, limit, thread=False):
+    """fn() in a forked child (what fn reads is made once, in this process), in a worker thread of
+    it with thread=True (where no alarm can stop sympy, as in a training worker): its result, or
+    inf when the child ran past `limit` seconds, killed (a catastrophic backtrack takes minutes)."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child():
+        result = []
+        if thread:
+            worker = threading.Thread(target=lambda: result.append(fn()))
+            worker.start()
+            worker.join()
+        else:
+            result.append(fn())
+        send.send(result[0])
+
+    process = context.Process(target=child)
+    process.start()
+    result = receive.recv() if receive.poll(limit) else float("inf")
+    if process.is_alive():
+        process.kill()
+    process.join()
+    return result
+
+
+def seconds_in_a_child(fn, limit):
+    """The seconds fn() took, timed inside a forked child (in_a_child), or inf past `limit`."""
+    import time
+
+    def timed():
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    return in_a_child(timed, limit)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: a second thread only adds synchronisation, which is slow on a shared 2-core

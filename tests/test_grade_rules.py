@@ -4,7 +4,6 @@ computed values are refused before sympy sees them; and a property test of the r
 one value" over generated pairs of values."""
 import multiprocessing
 import random
-import threading
 import time
 from fractions import Fraction
 
@@ -13,6 +12,7 @@ import pytest
 from machinery import grader
 from machinery.grader import canonical, read
 from reward import final_answers, grade
+from conftest import in_a_child
 
 
 def boxed(answer):
@@ -147,28 +147,6 @@ FINE = [r"2^{10}", r"2^{2^3}", r"e^{-x^2}", r"(n+1)!", r"\binom{2n}{n}", r"x^{99
         r"10^{-3}", r"e^{i\pi/3}", r"\sqrt[3]{2}", r"2^{n+1}", r"\frac{1}{x+1}", r"(x+1)^{-2}"]
 
 
-def _in_a_child(fn, limit):
-    """fn() in a worker thread of a forked child (where no alarm can stop sympy): its result, or
-    inf when the child ran past `limit` seconds."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child():
-        result = []
-        thread = threading.Thread(target=lambda: result.append(fn()))
-        thread.start()
-        thread.join()
-        send.send(result[0])
-
-    process = context.Process(target=child)
-    process.start()
-    result = receive.recv() if receive.poll(limit) else float("inf")
-    if process.is_alive():
-        process.kill()
-    process.join()
-    return result
-
-
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
 def test_huge_computed_values_are_refused_fast(warm):
     def grade_all():
@@ -178,7 +156,7 @@ def test_huge_computed_values_are_refused_fast(warm):
             assert grade(boxed(answer), "3") == 0.0
             times.append(time.perf_counter() - t0)
         return max(times)
-    assert _in_a_child(grade_all, 20) < 0.5  # was over 30 s for the first
+    assert in_a_child(grade_all, 20, thread=True) < 0.5  # was over 30 s for the first
     assert [a for a in HUGE if read(a) is not None] == []
     assert [a for a in FINE if read(a) is None] == []
 

@@ -10,7 +10,6 @@ themselves, the figures in docs/grading.md:
 import argparse
 import multiprocessing
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from machinery import grader  # noqa: E402
 from reward import grade  # noqa: E402
+from conftest import seconds_in_a_child  # noqa: E402
 
 BOUNDS = {10_000: 0.3, 100_000: 1.0}  # characters: seconds
 MARGIN = 3.0
@@ -41,32 +41,13 @@ def inputs(n):
     return out
 
 
-def seconds_in_a_child(text, limit):
-    """The seconds grade(text, "3") took in a forked child (the imports and the grader's warm-up
-    made once, before), or inf when it ran past `limit`."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child():
-        t0 = time.perf_counter()
-        grade(text, "3")
-        send.send(time.perf_counter() - t0)
-
-    process = context.Process(target=child)
-    process.start()
-    seconds = receive.recv() if receive.poll(limit) else float("inf")
-    if process.is_alive():
-        process.kill()
-    process.join()
-    return seconds
-
-
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
 @pytest.mark.parametrize("n", list(BOUNDS))
 def test_every_grade_is_fast_on_generated_inputs(n):
     grader._symbolic_equal("x^2", "x^2")  # the one-time warm-up, as in training
     slow = {name: seconds for name, text in inputs(n).items()
-            if (seconds := seconds_in_a_child(text, 2 * MARGIN * BOUNDS[n])) > MARGIN * BOUNDS[n]}
+            if (seconds := seconds_in_a_child(lambda: grade(text, "3"), 2 * MARGIN * BOUNDS[n]))
+            > MARGIN * BOUNDS[n]}
     assert slow == {}
 
 
@@ -75,8 +56,8 @@ if __name__ == "__main__":
                                         "inputs, each in its own process.").parse_args()
     grader._symbolic_equal("x^2", "x^2")
     for n, bound in BOUNDS.items():
-        times = sorted(((seconds_in_a_child(text, 60), name) for name, text in inputs(n).items()),
-                       reverse=True)
+        times = sorted(((seconds_in_a_child(lambda: grade(text, "3"), 60), name)
+                        for name, text in inputs(n).items()), reverse=True)
         print(f"{n:,} characters, {len(times)} inputs: slowest {times[0][0]:.3f} s "
               f"({times[0][1]}), median {times[len(times) // 2][0]:.3f} s, bound {bound} s")
         for seconds, name in times[:3]:

@@ -18,7 +18,7 @@ from machinery.data import _answer
 from machinery.grader import boxes, last_boxed, read
 
 import reward
-from conftest import SHARED, requires_shared
+from conftest import SHARED, requires_shared, seconds_in_a_child
 from reward import extract_answer, final_answers, grade, score
 
 # -----------------------------------------------------------------------------
@@ -1060,27 +1060,6 @@ def _run(unit, n):
     return (unit * (n // len(unit) + 1))[:n]
 
 
-def _seconds_in_a_child(fn, limit):
-    """The seconds fn() took, timed inside a forked child (the imports, the grader's warm-up and
-    fn's input all made once, in this process), or inf when the child ran past `limit`: a run that
-    backtracks catastrophically takes minutes and is killed."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child():
-        t0 = time.perf_counter()
-        fn()
-        send.send(time.perf_counter() - t0)
-
-    process = context.Process(target=child)
-    process.start()
-    seconds = receive.recv() if receive.poll(limit) else float("inf")
-    if process.is_alive():
-        process.kill()
-    process.join()
-    return seconds
-
-
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
 def test_every_pattern_is_linear_on_long_runs():
     # each pattern, search and fullmatch, on every prefix and 100,000 characters of every run: a
@@ -1093,7 +1072,7 @@ def test_every_pattern_is_linear_on_long_runs():
             pattern.search(text), pattern.fullmatch(text)
 
     slow = {name: seconds for name, pattern in _patterns().items()
-            if (seconds := _seconds_in_a_child(lambda: use(pattern), 20)) > 5.0}
+            if (seconds := seconds_in_a_child(lambda: use(pattern), 20)) > 5.0}
     assert slow == {}
 
 
@@ -1107,7 +1086,7 @@ def test_grade_is_fast_on_long_runs(warm):
             run = _run(unit, n)
             around = ["\\boxed{5}" + run + "\\boxed{6}", "\\boxed{" + run + "}", "#### " + run + "\n"]
             for text in [prefix + run for prefix in PREFIXES] + around:
-                seconds = _seconds_in_a_child(lambda: grade(text, "3"), 10 * limit)
+                seconds = seconds_in_a_child(lambda: grade(text, "3"), 10 * limit)
                 if seconds > limit:
                     slow[f"{n} {text[:20]!r}"] = seconds
     assert slow == {}
